@@ -1,0 +1,105 @@
+"""The hidden-state bridge contract (DESIGN.md §4.2).
+
+A bridge maps a condition c (the embedding output h_0 of the input tokens, shape
+(n, T, d)) to an estimate ĥ of the hidden state h_ℓ at the insertion layer (same shape).
+It replaces the backbone's layers 1..ℓ in the hybrid LM, so it must be *causal in
+positions*: its output at position t may depend only on the condition at positions ≤ t,
+which is what lets the hybrid generate autoregressively.
+
+Both sides are standardised per dimension with statistics of the training tokens, kept
+as buffers so that they travel with the weights in every checkpoint. Plugins implement
+this class and register a factory ``factory(width, **options)`` through the
+``register_bridges`` hook.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor, nn
+
+from dihal_bench.errors import DihalError
+
+# A standard deviation below this is a constant dimension: leave it unscaled rather than divide by ~0.
+MIN_STD = 1e-6
+
+
+class HiddenStateBridge(nn.Module, ABC):
+    """Base class of every bridge: holds the standardiser, declares loss/sample/config.
+
+    Shapes: ``cond`` and ``target`` are (n, T, width) float tensors; ``mask`` is an (n, T)
+    bool tensor, True at the tokens that count (the caller leaves out position 0, the
+    attention sink, and padding).
+    """
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+        self.register_buffer("cond_mean", torch.zeros(width))
+        self.register_buffer("cond_std", torch.ones(width))
+        self.register_buffer("target_mean", torch.zeros(width))
+        self.register_buffer("target_std", torch.ones(width))
+
+    @torch.no_grad()
+    def fit_standardizer(self, cond: Tensor, target: Tensor, mask: Tensor) -> None:
+        """Set the per-dimension mean and (population) std of condition and target,
+        computed over the tokens where ``mask`` is True."""
+        if not mask.any():
+            raise DihalError("cannot fit the bridge standardiser: the mask selects no tokens")
+        for name, states in (("cond", cond), ("target", target)):
+            mean, std = masked_moments(states, mask, name)
+            getattr(self, f"{name}_mean").copy_(mean)
+            getattr(self, f"{name}_std").copy_(std.clamp_min(MIN_STD))
+
+    def standardize_cond(self, cond: Tensor) -> Tensor:
+        return (cond - self.cond_mean) / self.cond_std
+
+    def standardize_target(self, target: Tensor) -> Tensor:
+        return (target - self.target_mean) / self.target_std
+
+    def destandardize_target(self, standardized: Tensor) -> Tensor:
+        return standardized * self.target_std + self.target_mean
+
+    @abstractmethod
+    def loss(self, cond: Tensor, target: Tensor, mask: Tensor, generator: torch.Generator) -> Tensor:
+        """Scalar training objective on one batch; all randomness drawn from ``generator``."""
+
+    @abstractmethod
+    def sample(
+        self,
+        cond: Tensor,
+        steps: int | None = None,
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Tensor:
+        """De-standardised ĥ for ``cond``, shape (n, T, width). ``steps`` overrides the
+        bridge's default number of sampling steps; deterministic unless ``stochastic``."""
+
+    @abstractmethod
+    def config(self) -> dict:
+        """JSON-able constructor options: ``factory(**config())`` rebuilds the architecture."""
+
+
+@torch.no_grad()
+def masked_moments(states: Tensor, mask: Tensor, name: str, chunk: int = 256) -> tuple[Tensor, Tensor]:
+    """Per-dimension mean and population std of ``states`` (n, T, d) over the tokens where
+    ``mask`` (n, T) is True, accumulated in float64 a chunk of sequences at a time so that
+    memory stays bounded for large training sets."""
+    total = torch.zeros(states.shape[-1], dtype=torch.float64, device=states.device)
+    squares = torch.zeros_like(total)
+    for start in range(0, states.shape[0], chunk):
+        tokens = states[start : start + chunk][mask[start : start + chunk]].double()
+        if not torch.isfinite(tokens).all():
+            raise DihalError(f"bridge {name} hidden states contain NaN or inf")
+        total += tokens.sum(0)
+        squares += tokens.pow(2).sum(0)
+    count = int(mask.sum())
+    mean = total / count
+    return mean, (squares / count - mean.pow(2)).clamp_min(0).sqrt()
+
+
+def training_loss(bridge: HiddenStateBridge, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
+    """A ``dihal_bench.training.train`` loss function for bridges: the batch holds
+    ``cond``, ``target`` and ``mask`` as in ``HiddenStateBridge.loss``."""
+    return bridge.loss(batch["cond"], batch["target"], batch["mask"], generator)

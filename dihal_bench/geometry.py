@@ -1,0 +1,188 @@
+"""Locate: preprocess each layer's hidden states, run the geometry proxies, score the layers.
+
+DESIGN.md §4.1. For candidate layers ℓ, every proxy p gives a value m_p(ℓ); these are
+z-scored across layers and combined as
+
+    S(ℓ) = Σ_p w_p · sign_p · z(m_p)(ℓ),   sign_p = +1 if higher is better, else −1,
+
+which with DiHAL's three proxies and unit weights is z(m_curv) + z(m_mono) − z(k_eff).
+The chosen layer is ℓ* = argmax S, ties going to the shallower layer (the cheaper prefix
+to replace). This module knows nothing about models: it takes tensors and proxy functions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dihal_bench.errors import DihalError, unknown_name
+
+PREPROCESSING_MODES = ("trace", "none", "standardize")
+
+#: scores this close count as a tie
+TIE_TOLERANCE = 1e-12
+
+Proxy = Callable[..., float]
+
+
+def preprocess(hidden: torch.Tensor, mode: str = "trace") -> torch.Tensor:
+    """One layer's (N, d) hidden states, made comparable across layers.
+
+    - ``trace``: centre by the mean, divide by the scalar √(tr Σ / d), so the average
+      per-dimension variance is 1 and proxies see shape, not the residual stream's norm.
+    - ``standardize``: centre, divide each dimension by its own standard deviation
+      (dimensions with zero spread are left at 0).
+    - ``none``: as given.
+
+    Σ is the population covariance (1/N). Statistics are computed in float64; the result
+    is float64 if the input was, else float32.
+    """
+    if mode not in PREPROCESSING_MODES:
+        raise unknown_name("preprocessing", mode, PREPROCESSING_MODES)
+    if hidden.ndim != 2:
+        raise DihalError(f"hidden states must have shape (N, d), got {tuple(hidden.shape)}")
+    out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    if mode == "none":
+        return hidden.to(out_dtype)
+    x = hidden.to(torch.float64)
+    x = x - x.mean(dim=0)
+    variances = x.square().mean(dim=0)
+    if mode == "trace":
+        mean_variance = variances.mean()
+        if mean_variance == 0:
+            raise DihalError("hidden states are constant: 'trace' preprocessing cannot rescale them")
+        x = x / mean_variance.sqrt()
+    else:
+        stds = variances.sqrt()
+        x = x / torch.where(stds > 0, stds, torch.ones_like(stds))
+    return x.to(out_dtype)
+
+
+def check_finite(hidden: torch.Tensor, layer: int) -> None:
+    if not torch.isfinite(hidden).all():
+        raise DihalError(f"layer {layer} has NaN or inf hidden states")
+
+
+def proxy_params(fn: Proxy, overrides: dict, seed: int, name: str | None = None) -> dict:
+    """The keyword constants ``fn`` will be called with: its defaults, updated by
+    ``overrides``, with ``seed`` set to the run's seed if ``fn`` takes one (an explicit
+    ``seed`` override wins). The first parameter is the hidden states and is not a constant.
+    """
+    name = name or getattr(fn, "__name__", repr(fn))
+    parameters = list(inspect.signature(fn).parameters.values())[1:]
+    params = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    if "seed" in {p.name for p in parameters}:
+        params["seed"] = seed
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    for key in overrides:
+        if key not in accepted and not takes_any:
+            known = ", ".join(sorted(accepted)) or "(none)"
+            raise DihalError(f"proxy {name!r} has no parameter {key!r}; its parameters: {known}")
+    return {**params, **overrides}
+
+
+def zscore(values) -> np.ndarray:
+    """(v − mean) / std across layers, population std; all-equal values give zeros."""
+    v = np.asarray(values, dtype=np.float64)
+    std = v.std()
+    if std <= TIE_TOLERANCE * max(np.abs(v).max(initial=0.0), np.finfo(np.float64).tiny):
+        return np.zeros_like(v)
+    return (v - v.mean()) / std
+
+
+def layer_scores(
+    raw: dict[str, list[float]],
+    higher_is_better: dict[str, bool],
+    weights: dict[str, float] | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """S(ℓ) = Σ_p w_p · sign_p · z(raw_p)(ℓ). Returns the scores (one per layer, in the
+    order of the value lists) and each proxy's plain, unsigned z-scores. Proxies missing
+    from ``weights`` weigh 1."""
+    if not raw:
+        raise DihalError("no proxies to score layers with")
+    weights = weights or {}
+    for name in weights:
+        if name not in raw:
+            raise unknown_name("proxy in score weights", name, raw)
+    lengths = {len(values) for values in raw.values()}
+    if len(lengths) != 1:
+        raise DihalError(f"proxies were evaluated on different numbers of layers: {sorted(lengths)}")
+    z = {}
+    scores = np.zeros(lengths.pop())
+    for name, values in raw.items():
+        if not np.all(np.isfinite(values)):
+            raise DihalError(f"proxy {name!r} has NaN or inf values; cannot score layers")
+        z[name] = zscore(values)
+        sign = 1.0 if higher_is_better[name] else -1.0
+        scores += weights.get(name, 1.0) * sign * z[name]
+    return scores, z
+
+
+def choose_layer(layers: list[int], scores) -> int:
+    """argmax of the scores; scores within TIE_TOLERANCE of the best go to the shallowest layer."""
+    if len(layers) == 0 or len(layers) != len(scores):
+        raise DihalError(f"need one score per layer, got {len(scores)} scores for {len(layers)} layers")
+    best = max(scores)
+    return min(layer for layer, score in zip(layers, scores) if score >= best - TIE_TOLERANCE)
+
+
+def evaluate_proxies(
+    hidden_by_layer: dict[int, torch.Tensor],
+    proxies: dict[str, tuple[Proxy, bool]],
+    overrides: dict[str, dict],
+    preprocessing: str,
+    seed: int,
+    progress: bool = False,
+) -> dict:
+    """Preprocess each layer, check it is finite, and run every proxy on it.
+
+    ``proxies`` maps name -> (fn, higher_is_better); ``overrides`` maps proxy name ->
+    parameter overrides. Returns a JSON-serialisable record::
+
+        {"layers": [...], "preprocessing": mode,
+         "proxies": {name: {"higher_is_better": bool, "params": {...}, "values": [...]}}}
+
+    with ``values`` in the order of ``layers`` (ascending).
+    """
+    if preprocessing not in PREPROCESSING_MODES:
+        raise unknown_name("preprocessing", preprocessing, PREPROCESSING_MODES)
+    if not hidden_by_layer:
+        raise DihalError("no layers to evaluate proxies on")
+    for name in overrides:
+        if name not in proxies:
+            raise unknown_name("proxy in parameter overrides", name, proxies)
+    params = {name: proxy_params(fn, overrides.get(name, {}), seed, name) for name, (fn, _) in proxies.items()}
+    layers = sorted(hidden_by_layer)
+    fewest = min(hidden_by_layer[layer].shape[0] for layer in layers)
+    for name, p in params.items():
+        if "k" in p and fewest <= p["k"]:
+            raise DihalError(f"proxy {name!r} needs more than k={p['k']} tokens per layer, got N={fewest}")
+
+    values = {name: [] for name in proxies}
+    for layer in tqdm(layers, desc="geometry proxies", unit="layer", disable=not progress):
+        hidden = hidden_by_layer[layer]
+        check_finite(hidden, layer)
+        try:
+            hidden = preprocess(hidden, preprocessing)
+        except DihalError as error:
+            raise DihalError(f"layer {layer}: {error}") from None
+        for name, (fn, _) in proxies.items():
+            value = float(fn(hidden, **params[name]))
+            if not math.isfinite(value):
+                raise DihalError(f"proxy {name!r} returned {value} on layer {layer}")
+            values[name].append(value)
+
+    return {
+        "layers": layers,
+        "preprocessing": preprocessing,
+        "proxies": {
+            name: {"higher_is_better": bool(better), "params": params[name], "values": values[name]}
+            for name, (_, better) in proxies.items()
+        },
+    }

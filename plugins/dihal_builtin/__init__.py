@@ -1,0 +1,1 @@
+"""dihal-bench's built-in plugins, registered through the same entry points as third-party ones."""

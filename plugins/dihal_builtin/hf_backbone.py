@@ -1,0 +1,171 @@
+"""A Hugging Face transformers backbone that can be entered at any layer.
+
+Works for causal LMs with the usual ``model.model.{embed_tokens, layers, norm, rotary_emb}``
+layout: Llama, Qwen2/Qwen3, Gemma3 (text), Mistral and relatives. We run the decoder
+layers ourselves, with the library's own mask builders and rotary embeddings, so
+that the layer stack can start at any index; ``dihal-bench check backbone`` compares
+the result against the library's own forward pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+from dihal_bench.backbone import Backbone
+from dihal_bench.errors import DihalError
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise DihalError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+class HFBackbone(Backbone):
+    def __init__(self, model, tokenizer, name: str):
+        base = getattr(model, "model", None)
+        if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+            raise DihalError(
+                f"{name}: unsupported architecture {type(model).__name__}; expected model.model with "
+                "embed_tokens, layers, norm and rotary_emb (Llama/Qwen/Gemma-style)"
+            )
+        self.name = name
+        self.model = model.eval().requires_grad_(False)
+        self.base = base
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        config = base.config
+        self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+        self._rotary_takes_layer_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
+        self._softcap = getattr(model.config, "final_logit_softcapping", None)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id: str,
+        *,
+        name: str | None = None,
+        gguf_file: str | None = None,
+        device: str = "cpu",
+        dtype: str | torch.dtype = "float32",
+        device_map: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> "HFBackbone":
+        """Load from a hub id or a local directory; ``device_map="auto"`` shards over GPUs."""
+        kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+        if gguf_file:
+            kwargs["gguf_file"] = gguf_file
+        if device_map:
+            kwargs["device_map"] = device_map
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code
+            ) if gguf_file else AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+        except OSError as exc:
+            raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
+        if not device_map:
+            model = model.to(device)
+        return cls(model, tokenizer, name or model_id)
+
+    # -- shape -----------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.base.config.num_hidden_layers
+
+    @property
+    def width(self) -> int:
+        return self.base.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def sliding_window(self) -> int | None:
+        if "sliding_attention" not in self.layer_types:
+            return None
+        return self.base.config.sliding_window
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # -- forward pieces ----------------------------------------------------------------------
+    @torch.no_grad()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # Gemma's embedding module applies its sqrt(d) scale itself.
+        return self.base.embed_tokens(input_ids.to(self.device))
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(self.base.norm(hidden))
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    def _run_layers(self, hidden, start, end, attention_mask, cache, position_offset, collect=None):
+        """Run decoder layers start..end-1 (0-based) on ``hidden``."""
+        hidden = hidden.to(self.device, self.dtype)
+        positions = torch.arange(hidden.shape[1], device=self.device)[None] + position_offset
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+        builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+        masks, rotary = {}, {}
+        for kind in dict.fromkeys(self.layer_types[start:end]):
+            if kind not in builders:
+                raise DihalError(f"{self.name}: unsupported layer type {kind!r}")
+            first = next(i for i in range(start, end) if self.layer_types[i] == kind)
+            masks[kind] = builders[kind](
+                config=self.base.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                cache=cache, position_ids=positions, layer_idx=first,
+            )
+            rotary[kind] = (
+                self.base.rotary_emb(hidden, positions, kind)
+                if self._rotary_takes_layer_type
+                else self.base.rotary_emb(hidden, positions)
+            )
+        for i in range(start, end):
+            kind = self.layer_types[i]
+            out = self.base.layers[i](
+                hidden, attention_mask=masks[kind], position_embeddings=rotary[kind],
+                position_ids=positions, cache=cache, use_cache=cache is not None,
+            )
+            hidden = out[0] if isinstance(out, tuple) else out
+            if collect is not None:
+                collect.append(hidden)
+        return hidden
+
+    @torch.no_grad()
+    def hidden_states(self, input_ids, attention_mask=None):
+        states = [self.embed(input_ids)]
+        self._run_layers(states[0], 0, self.num_layers, attention_mask, None, 0, collect=states)
+        return states
+
+    @torch.no_grad()
+    def resume(self, hidden, layer, attention_mask=None, cache=None, position_offset=0):
+        hidden = self._run_layers(hidden, layer, self.num_layers, attention_mask, cache, position_offset)
+        return self._head(hidden)
+
+    def new_cache(self):
+        return DynamicCache(config=self.base.config)
+
+    @torch.no_grad()
+    def logits(self, input_ids, attention_mask=None):
+        mask = attention_mask.to(self.device) if attention_mask is not None else None
+        return self.model(input_ids=input_ids.to(self.device), attention_mask=mask, use_cache=False).logits
+
+    @torch.no_grad()
+    def final_hidden(self, input_ids, attention_mask=None):
+        mask = attention_mask.to(self.device) if attention_mask is not None else None
+        return self.base(input_ids=input_ids.to(self.device), attention_mask=mask, use_cache=False).last_hidden_state

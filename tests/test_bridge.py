@@ -1,0 +1,207 @@
+"""The bridge contract's standardiser and the built-in DiHAL bridge, on toy tensors."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dihal_bench.bridge import HiddenStateBridge, masked_moments, training_loss
+from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
+from dihal_bench.training import train
+from dihal_builtin.bridge import DihalBridge, register_bridges, timestep_embedding
+
+D, T = 8, 12
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Toy tensors gain nothing from threads, and on a shared 2-core machine the thread
+    pool's waiting makes each tiny op slow by orders of magnitude."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_bridge(**options) -> DihalBridge:
+    torch.manual_seed(0)
+    return DihalBridge(D, **{"d_model": 32, "layers": 1, "heads": 2, **options})
+
+
+def toy_pair(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """cond ~ N(2, 3²); target = a fixed linear map of cond plus an offset; mask drops position 0."""
+    generator = torch.Generator().manual_seed(seed)
+    cond = 2 + 3 * torch.randn(n, T, D, generator=generator)
+    mixing = torch.randn(D, D, generator=torch.Generator().manual_seed(100))
+    mask = torch.ones(n, T, dtype=torch.bool)
+    mask[:, 0] = False
+    return cond, cond @ mixing - 5, mask
+
+
+# -- the standardiser -------------------------------------------------------------------
+
+
+def test_standardizer_uses_only_masked_tokens():
+    cond, target, mask = toy_pair(16)
+    cond[:, 0] = 1e4  # an attention-sink-like outlier the mask excludes
+    target[:, 0] = -1e4
+    bridge = tiny_bridge()
+    bridge.fit_standardizer(cond, target, mask)
+    torch.testing.assert_close(bridge.cond_mean, cond[:, 1:].reshape(-1, D).mean(0))
+    torch.testing.assert_close(bridge.cond_std, cond[:, 1:].reshape(-1, D).std(0, correction=0))
+    torch.testing.assert_close(bridge.target_mean, target[:, 1:].reshape(-1, D).mean(0))
+    standardized = bridge.standardize_target(target)[mask]
+    torch.testing.assert_close(standardized.mean(0), torch.zeros(D), atol=1e-5, rtol=0)
+    torch.testing.assert_close(standardized.std(0, correction=0), torch.ones(D), atol=1e-5, rtol=0)
+    torch.testing.assert_close(bridge.destandardize_target(bridge.standardize_target(target)), target)
+    mean, std = masked_moments(cond, mask, "cond", chunk=3)  # chunk boundaries change nothing
+    torch.testing.assert_close(mean.float(), bridge.cond_mean)
+    torch.testing.assert_close(std.float(), bridge.cond_std)
+
+
+def test_standardizer_survives_constant_dimensions_and_is_saved(tmp_path):
+    cond, target, mask = toy_pair(4)
+    target[..., 3] = 7.0
+    bridge = tiny_bridge()
+    bridge.fit_standardizer(cond, target, mask)
+    assert torch.isfinite(bridge.standardize_target(target)).all()
+    save_file(bridge.state_dict(), tmp_path / "bridge.safetensors")
+    restored = DihalBridge(**bridge.config())
+    restored.load_state_dict(load_file(tmp_path / "bridge.safetensors"))
+    torch.testing.assert_close(restored.target_std, bridge.target_std, rtol=0, atol=0)
+    assert torch.equal(restored.sample(cond), bridge.sample(cond))
+
+
+def test_standardizer_rejects_empty_mask_and_nan():
+    cond, target, mask = toy_pair(2)
+    with pytest.raises(DihalError, match="selects no tokens"):
+        tiny_bridge().fit_standardizer(cond, target, torch.zeros_like(mask))
+    target[1, 4, 0] = float("nan")
+    with pytest.raises(DihalError, match="target hidden states contain NaN"):
+        tiny_bridge().fit_standardizer(cond, target, mask)
+
+
+# -- the DiHAL bridge -------------------------------------------------------------------
+
+
+class Recording(DihalBridge):
+    """A bridge whose denoiser is replaced by a known function, recording what it is given."""
+
+    def __init__(self, predict, **options):
+        super().__init__(D, d_model=16, layers=1, heads=2, **options)
+        self.predict, self.calls = predict, []
+
+    def denoise(self, x_t, t, c):
+        self.calls.append((x_t.clone(), t.clone(), c.clone()))
+        return self.predict(x_t, t, c)
+
+
+def test_exact_denoiser_walks_the_straight_bridge_back_to_x0():
+    cond, target, mask = toy_pair(3)
+    bridge = Recording(predict=None, steps=5)
+    bridge.fit_standardizer(cond, target, mask)
+    c, x0 = bridge.standardize_cond(cond), bridge.standardize_target(target)
+    bridge.predict = lambda x_t, t, c_: x0
+
+    sampled = bridge.sample(cond)
+
+    torch.testing.assert_close(sampled, target, atol=1e-4, rtol=1e-5)
+    assert torch.equal(bridge.calls[0][0], c)  # starts at x_1 = c
+    for k, (x_t, t, _) in zip(range(5, 0, -1), bridge.calls):
+        assert torch.allclose(t, torch.full((3,), k / 5))
+        torch.testing.assert_close(x_t, (1 - k / 5) * x0 + (k / 5) * c)  # the posterior mean path
+    assert len(bridge.calls) == 5
+
+    bridge.calls.clear()
+    stochastic = bridge.sample(cond, steps=3, stochastic=True, generator=torch.Generator().manual_seed(0))
+    assert len(bridge.calls) == 3
+    torch.testing.assert_close(stochastic, target, atol=1e-4, rtol=1e-5)  # last step lands on x̂0
+
+
+def test_loss_draws_the_brownian_bridge_and_averages_masked_tokens():
+    cond, target, mask = toy_pair(64)
+    mask[:, -3:] = False  # padding
+    bridge = Recording(predict=lambda x_t, t, c: torch.zeros_like(x_t), sigma=0.5)
+    bridge.fit_standardizer(cond, target, mask)
+    c, x0 = bridge.standardize_cond(cond), bridge.standardize_target(target)
+
+    loss = bridge.loss(cond, target, mask, torch.Generator().manual_seed(0))
+
+    # a zero prediction scores the mean square of standardised x0 over the counted tokens
+    torch.testing.assert_close(loss, x0.pow(2).mean(-1)[mask].mean())
+    x_t, t, c_seen = bridge.calls[0]
+    assert torch.equal(c_seen, c) and t.shape == (64,) and 0 < t.min() and t.max() < 1
+    tt = t[:, None, None]
+    noise = (x_t - (1 - tt) * x0 - tt * c) / (0.5 * torch.sqrt(tt * (1 - tt)))
+    assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05
+
+
+def test_loss_decreases_on_a_learnable_toy():
+    cond, target, mask = toy_pair(200)
+    bridge = tiny_bridge()
+    bridge.fit_standardizer(cond, target, mask)
+    budget = Budget(steps=60, batch_size=8, seq_len=T, lr=1e-2, epochs=4)
+    result = train(bridge, training_loss, {"cond": cond, "target": target, "mask": mask}, budget, progress=False)
+    first, last = sum(result.losses[:10]) / 10, sum(result.losses[-10:]) / 10
+    assert last < 0.25 * first
+
+    held_out, held_target, held_mask = toy_pair(16, seed=1)
+    error = (bridge.standardize_target(bridge.sample(held_out)) - bridge.standardize_target(held_target)).pow(2)
+    assert error.mean(-1)[held_mask].mean() < 0.3  # an untrained bridge sits near 1 or above
+
+
+def test_sampling_is_causal_in_positions():
+    bridge = tiny_bridge(layers=2, steps=4)
+    cond, target, mask = toy_pair(2)
+    bridge.fit_standardizer(cond, target, mask)
+    changed = cond.clone()
+    changed[:, 6] += 10.0
+    before, after = bridge.sample(cond), bridge.sample(changed)
+    torch.testing.assert_close(after[:, :6], before[:, :6], rtol=0, atol=1e-6)
+    assert (after[:, 6:] - before[:, 6:]).abs().amax() > 1e-3
+
+
+def test_sampling_is_deterministic_unless_stochastic():
+    bridge = tiny_bridge()
+    cond, _, _ = toy_pair(2)
+    assert torch.equal(bridge.sample(cond), bridge.sample(cond))
+    one = bridge.sample(cond, stochastic=True, generator=torch.Generator().manual_seed(1))
+    same = bridge.sample(cond, stochastic=True, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(one, same) and not torch.equal(one, bridge.sample(cond))
+
+
+def test_bridge_validates_its_inputs():
+    with pytest.raises(DihalError, match="not divisible"):
+        DihalBridge(D, d_model=30, heads=4)
+    bridge = tiny_bridge(max_len=8)
+    with pytest.raises(DihalError, match="max_len 8"):
+        bridge.sample(torch.zeros(1, 9, D))
+    with pytest.raises(DihalError, match="at least 1 step"):
+        bridge.sample(torch.zeros(1, 4, D), steps=0)
+
+
+def test_config_rebuilds_the_architecture():
+    bridge = DihalBridge(D, d_model=32, layers=3, heads=4, sigma=0.3, steps=6, max_len=64)
+    assert bridge.config() == {
+        "width": D, "d_model": 32, "layers": 3, "heads": 4, "sigma": 0.3, "steps": 6, "dropout": 0.0, "max_len": 64,
+    }
+    rebuilt = DihalBridge(**bridge.config())
+    shapes = {name: tensor.shape for name, tensor in bridge.state_dict().items()}
+    assert {name: tensor.shape for name, tensor in rebuilt.state_dict().items()} == shapes
+    assert isinstance(rebuilt, HiddenStateBridge)
+
+
+def test_timestep_embedding():
+    embedding = timestep_embedding(torch.tensor([0.0, 0.5]), 7)
+    assert embedding.shape == (2, 7)
+    torch.testing.assert_close(embedding[0], torch.tensor([1.0, 1, 1, 0, 0, 0, 0]))
+    assert embedding[1, 0] == pytest.approx(math.cos(500.0))
+
+
+def test_plugin_registers_the_bridge():
+    registered = []
+    register_bridges(lambda name, obj, **meta: registered.append((name, obj, meta)))
+    assert [(name, obj) for name, obj, _ in registered] == [("dihal-bridge", DihalBridge)]
+    assert registered[0][2]["description"]

@@ -1,0 +1,288 @@
+"""Budget parsing and checks; the shared training loop, its schedule and its checkpoints."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+import dihal_bench.training as training
+from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
+from dihal_bench.training import batch_indices, count_trainable, learning_rate, train
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Toy tensors gain nothing from threads, and on a shared 2-core machine the thread
+    pool's waiting makes each tiny op slow by orders of magnitude."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -- Budget ---------------------------------------------------------------------------
+
+
+def test_budget_defaults_and_derived_sizes():
+    budget = Budget()
+    assert (budget.steps, budget.batch_size, budget.seq_len, budget.lr) == (300, 16, 64, 3e-4)
+    assert budget.tokens_per_step == 16 * 64
+    assert budget.sequences_needed == 300 * 16
+
+
+def test_budget_dict_round_trip():
+    budget = Budget(steps=7, param_allowance=1000, seed=3)
+    assert Budget.from_dict(json.loads(json.dumps(budget.to_dict()))) == budget
+    with pytest.raises(DihalError, match="steps_per_epoch"):
+        Budget.from_dict({"steps_per_epoch": 3})
+
+
+def test_with_overrides_parses_to_field_types():
+    budget = Budget(param_allowance=5).with_overrides(
+        {"steps": "1e3", "lr": "0.001", "batch_size": "8", "param_allowance": "none", "epochs": "3"}
+    )
+    assert budget.steps == 1000 and isinstance(budget.steps, int)
+    assert budget.lr == 0.001 and budget.batch_size == 8 and budget.epochs == 3
+    assert budget.param_allowance is None
+    assert Budget().with_overrides({"param_allowance": "2_000_000"}).param_allowance == 2_000_000
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"stepz": "10"}, "unknown budget key 'stepz'"),
+        ({"steps": "2.5"}, "budget.steps expects int"),
+        ({"lr": "fast"}, "budget.lr expects float"),
+        ({"steps": "0"}, "budget.steps must be at least 1"),
+        ({"warmup_frac": "1.5"}, "warmup_frac"),
+    ],
+)
+def test_with_overrides_rejects_bad_input(overrides, message):
+    with pytest.raises(DihalError, match=message):
+        Budget().with_overrides(overrides)
+
+
+def test_replace_returns_new_budget():
+    budget = Budget()
+    assert budget.replace(steps=5).steps == 5 and budget.steps == 300
+
+
+def test_check_fits_counts_epochs():
+    budget = Budget(steps=10, batch_size=4, seq_len=8)
+    budget.check_fits(40)  # exactly one pass
+    budget.replace(epochs=2).check_fits(20)
+    with pytest.raises(DihalError) as error:
+        budget.check_fits(39)
+    message = str(error.value)
+    assert "40 training sequences" in message and "320 tokens" in message
+    assert "39 sequences" in message and "312 tokens" in message and "epochs" in message
+
+
+def test_check_allowance():
+    budget = Budget(param_allowance=1000)
+    assert Budget().check_allowance({"bridge": 5}) is None
+    assert budget.check_allowance({"bridge": 900, "decoder": 150}) == pytest.approx(0.05)
+    assert budget.check_allowance({"bridge": 900}) == pytest.approx(-0.10)
+    with pytest.raises(DihalError, match=r"has 1,200 trainable parameters .*20\.0% over the allowance 1,000"):
+        budget.check_allowance({"a": 1100, "b": 100}, name="LD4LG")
+    with pytest.raises(DihalError, match="50.0% under"):
+        budget.check_allowance({"a": 500})
+
+
+# -- schedule and batches ---------------------------------------------------------------
+
+
+def test_learning_rate_warmup_then_cosine():
+    budget = Budget(steps=20, warmup_frac=0.2, lr=1.0)  # 4 warm-up steps, 16 decay steps
+    assert learning_rate(budget, 0) == pytest.approx(0.25)
+    assert learning_rate(budget, 3) == pytest.approx(1.0)
+    assert learning_rate(budget, 4) == pytest.approx(1.0)
+    assert learning_rate(budget, 12) == pytest.approx(0.5)
+    assert learning_rate(budget, 19) == pytest.approx(0.5 * (1 + math.cos(math.pi * 15 / 16)))
+    assert learning_rate(budget.replace(warmup_frac=0.0), 0) == pytest.approx(1.0)
+
+
+def test_batches_cover_each_epoch_once_and_reshuffle():
+    budget = Budget(steps=10, batch_size=4, epochs=2)
+    first = torch.cat([batch_indices(budget, 20, step) for step in range(5)])
+    second = torch.cat([batch_indices(budget, 20, step) for step in range(5, 10)])
+    assert sorted(first.tolist()) == list(range(20)) and sorted(second.tolist()) == list(range(20))
+    assert not torch.equal(first, second)
+    assert torch.equal(batch_indices(budget, 20, 3), batch_indices(budget, 20, 3))
+    assert not torch.equal(first, torch.cat([batch_indices(budget.replace(seed=1), 20, s) for s in range(5)]))
+
+
+# -- the loop ---------------------------------------------------------------------------
+
+
+def toy_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 4))
+
+
+def toy_data() -> dict[str, torch.Tensor]:
+    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(0))
+    return {"x": x, "y": x @ torch.tensor([[1.0, 2, 0, 0], [0, 1, 0, 3], [1, 0, 1, 0], [0, 0, 0, 1]])}
+
+
+def noisy_mse(model, batch, generator):
+    """Uses both the loss generator and (through dropout) the global RNG."""
+    noise = 0.1 * torch.randn(batch["x"].shape, generator=generator)
+    return nn.functional.mse_loss(model(batch["x"] + noise), batch["y"])
+
+
+BUDGET = Budget(steps=10, batch_size=8, seq_len=1, lr=1e-2, epochs=2, checkpoint_every=3)
+
+
+def weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def assert_bitwise_equal(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_train_reduces_loss_and_reports_counts():
+    model = toy_model(0)
+    result = train(model, noisy_mse, toy_data(), BUDGET.replace(steps=40, epochs=8, lr=3e-2), progress=False)
+    assert len(result.losses) == result.steps_done == 40
+    assert (result.sequences_seen, result.tokens_seen) == (320, 320)
+    assert result.resumed_from_step is None and result.wall_seconds > 0
+    assert sum(result.losses[-5:]) < 0.3 * sum(result.losses[:5])
+    assert not model.training
+
+
+def test_train_refuses_budget_that_does_not_fit():
+    with pytest.raises(DihalError, match="raise budget.epochs"):
+        train(toy_model(0), noisy_mse, toy_data(), BUDGET.replace(epochs=1), progress=False)
+
+
+def test_resume_after_interrupt_is_bitwise_identical(tmp_path):
+    reference = toy_model(0)
+    uninterrupted = train(reference, noisy_mse, toy_data(), BUDGET, progress=False)
+
+    class Killed(Exception):
+        pass
+
+    calls = []
+
+    def dies_at_step_7(model, batch, generator):
+        calls.append(1)
+        if len(calls) == 8:
+            raise Killed
+        return noisy_mse(model, batch, generator)
+
+    with pytest.raises(Killed):
+        train(toy_model(0), dies_at_step_7, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert json.loads((tmp_path / "trainer.json").read_text())["step"] == 6
+
+    resumed = toy_model(99)  # a different init: everything must come from the checkpoint
+    result = train(resumed, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert result.resumed_from_step == 6 and result.steps_done == 10
+    assert result.losses == uninterrupted.losses
+    assert_bitwise_equal(weights(resumed), weights(reference))
+
+    finished = toy_model(5)
+    again = train(finished, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert again.resumed_from_step == 10 and again.losses == uninterrupted.losses
+    assert_bitwise_equal(weights(finished), weights(reference))
+
+
+def test_checkpoint_files(tmp_path):
+    model = toy_model(0)
+    train(model, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "optimizer.safetensors", "trainer.json"]
+    record = json.loads((tmp_path / "trainer.json").read_text())
+    assert record["step"] == 10 and len(record["losses"]) == 10
+    assert Budget.from_dict(record["budget"]) == BUDGET
+    assert_bitwise_equal(load_file(tmp_path / "model.safetensors"), weights(model))
+    optimizer_state = load_file(tmp_path / "optimizer.safetensors")
+    assert {"state.0.exp_avg", "state.0.exp_avg_sq", "state.0.step", "state.3.exp_avg"} <= optimizer_state.keys()
+    assert optimizer_state["state.0.step"].item() == 10
+
+
+def test_kill_while_writing_checkpoint_leaves_no_false_claim(tmp_path, monkeypatch):
+    real_save = training.save_file
+    writes = []
+
+    def save_then_die_on_second_optimizer(tensors, path, metadata=None):
+        writes.append(path)
+        if sum("optimizer" in str(p) for p in writes) == 2:
+            raise KeyboardInterrupt
+        real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(training, "save_file", save_then_die_on_second_optimizer)
+    with pytest.raises(KeyboardInterrupt):
+        train(toy_model(0), noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    # model.safetensors already holds step 6, optimizer.safetensors step 3: nothing may claim either.
+    assert not (tmp_path / "trainer.json").exists()
+
+    monkeypatch.setattr(training, "save_file", real_save)
+    reference = toy_model(0)
+    train(reference, noisy_mse, toy_data(), BUDGET, progress=False)
+    restarted = toy_model(0)
+    result = train(restarted, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert result.resumed_from_step is None
+    assert_bitwise_equal(weights(restarted), weights(reference))
+
+
+def test_mismatched_checkpoint_is_an_error(tmp_path):
+    train(toy_model(0), noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    with pytest.raises(DihalError, match=r"different budget \(lr 0.01 -> 0.02\)"):
+        train(toy_model(0), noisy_mse, toy_data(), BUDGET.replace(lr=0.02), checkpoint_dir=tmp_path, progress=False)
+
+    wider = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    with pytest.raises(DihalError, match=r"different model \(\[shape, trainable\] changed: 0.weight \[\[16, 4\]"):
+        train(wider, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+
+    # checkpoint_every does not change the result, so it may differ on resume
+    result = train(
+        toy_model(0), noisy_mse, toy_data(), BUDGET.replace(checkpoint_every=5), checkpoint_dir=tmp_path, progress=False
+    )
+    assert result.resumed_from_step == 10
+
+
+def test_non_finite_loss_is_an_error():
+    with pytest.raises(DihalError, match="loss is nan at step 0"):
+        train(toy_model(0), lambda model, batch, generator: torch.tensor(float("nan")), toy_data(), BUDGET, progress=False)
+
+
+def test_count_trainable_is_what_the_optimizer_updates():
+    torch.manual_seed(0)
+    frozen, trained = nn.Linear(4, 4), nn.Linear(4, 3)
+    frozen.requires_grad_(False)
+    model = nn.Sequential(frozen, nn.Tanh(), trained, nn.Tanh(), nn.Linear(3, 3))
+    model.register_buffer("scale", torch.ones(3))
+    before = weights(model)
+
+    def loss_fn(model, batch, generator):
+        return (model(batch["x"]) * model.scale).pow(2).mean()
+
+    train(model, loss_fn, {"x": torch.randn(8, 4)}, Budget(steps=1, batch_size=4, warmup_frac=0.0), progress=False)
+    changed = sum(p.numel() for name, p in model.named_parameters() if not torch.equal(p, before[name]))
+    assert count_trainable(model) == changed == 4 * 3 + 3 + 3 * 3 + 3
+    assert torch.equal(frozen.weight, before["0.weight"])
+
+
+def test_tied_parameters_count_once_and_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    embedding = nn.Embedding(10, 4)
+    readout = nn.Linear(4, 10, bias=False)
+    readout.weight = embedding.weight  # tied, as in Diffusion-LM's rounding head
+    model = nn.ModuleList([embedding, readout])
+    assert count_trainable(model) == 40
+
+    def loss_fn(model, batch, generator):
+        return nn.functional.cross_entropy(model[1](model[0](batch["tokens"])), batch["tokens"])
+
+    data = {"tokens": torch.arange(10)}
+    budget = Budget(steps=4, batch_size=5, epochs=2, checkpoint_every=2)
+    train(model, loss_fn, data, budget, checkpoint_dir=tmp_path, progress=False)
+    assert list(load_file(tmp_path / "model.safetensors")) == ["0.weight"]
+    assert model[1].weight is model[0].weight
