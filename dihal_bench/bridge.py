@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from dihal_bench.errors import DihalError
 
-# A standard deviation below this is a constant dimension: leave it unscaled rather than divide by ~0.
+# A standard deviation below this marks a constant dimension: it is centred but left unscaled,
+# since dividing by ~0 would blow up any variation it shows on unseen tokens.
 MIN_STD = 1e-6
 
 
@@ -50,7 +51,7 @@ class HiddenStateBridge(nn.Module, ABC):
         for name, states in (("cond", cond), ("target", target)):
             mean, std = masked_moments(states, mask, name)
             getattr(self, f"{name}_mean").copy_(mean)
-            getattr(self, f"{name}_std").copy_(std.clamp_min(MIN_STD))
+            getattr(self, f"{name}_std").copy_(torch.where(std < MIN_STD, 1.0, std))
 
     def standardize_cond(self, cond: Tensor) -> Tensor:
         return (cond - self.cond_mean) / self.cond_std

@@ -66,6 +66,7 @@ def test_standardizer_survives_constant_dimensions_and_is_saved(tmp_path):
     target[..., 3] = 7.0
     bridge = tiny_bridge()
     bridge.fit_standardizer(cond, target, mask)
+    assert bridge.target_std[3] == 1.0 and bridge.target_mean[3] == 7.0  # centred, not scaled
     assert torch.isfinite(bridge.standardize_target(target)).all()
     save_file(bridge.state_dict(), tmp_path / "bridge.safetensors")
     restored = DihalBridge(**bridge.config())

@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dihal_bench import hookimpl
 from dihal_bench.bridge import HiddenStateBridge
 from dihal_bench.errors import DihalError
+
+from .layers import Block, timestep_embedding
 
 
 class DihalBridge(HiddenStateBridge):
@@ -50,7 +51,7 @@ class DihalBridge(HiddenStateBridge):
         self.in_proj = nn.Linear(2 * width, d_model)  # reads concat[x_t, c]
         self.time_mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
         self.position = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=True) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model)
         self.out_proj = nn.Linear(d_model, width)
 
@@ -111,41 +112,6 @@ class DihalBridge(HiddenStateBridge):
                 noise = torch.randn(c.shape, generator=generator, device=c.device, dtype=c.dtype)
                 x_t = x_t + self.sigma * math.sqrt(s * (t - s) / t) * noise
         return self.destandardize_target(x0_hat)
-
-
-class Block(nn.Module):
-    """Pre-LayerNorm transformer block with causal self-attention."""
-
-    def __init__(self, d_model: int, heads: int, dropout: float):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.attn_norm = nn.LayerNorm(d_model)
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.attn_out = nn.Linear(d_model, d_model)
-        self.mlp_norm = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model), nn.Dropout(dropout)
-        )
-        self.resid_dropout = nn.Dropout(dropout)
-
-    def forward(self, h: Tensor) -> Tensor:
-        n, length, d_model = h.shape
-        q, k, v = self.qkv(self.attn_norm(h)).split(d_model, dim=-1)
-        q, k, v = (x.view(n, length, self.heads, d_model // self.heads).transpose(1, 2) for x in (q, k, v))
-        attended = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
-        h = h + self.resid_dropout(self.attn_out(attended.transpose(1, 2).reshape(n, length, d_model)))
-        return h + self.mlp(self.mlp_norm(h))
-
-
-def timestep_embedding(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
-    """Sinusoidal embedding of t ∈ [0, 1] scaled to [0, 1000], as in DDPM (Ho et al. 2020)."""
-    half = dim // 2
-    frequencies = torch.exp(-math.log(max_period) * torch.arange(half, device=t.device, dtype=t.dtype) / half)
-    angles = 1000.0 * t[:, None] * frequencies[None, :]
-    embedding = torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
-    return F.pad(embedding, (0, dim - 2 * half))  # odd dim: one zero column
 
 
 @hookimpl

@@ -23,8 +23,11 @@ class StdlibDocsCorpus(Corpus):
     """English prose that every CPython ships, so a run needs no download.
 
     Documents, sorted by id:
-      - "topic:<key>": every help topic in `pydoc_data.topics.topics` (the text of the
-        language reference that `help("assignment")` prints);
+      - "topic:<key>:<part>": every help topic in `pydoc_data.topics.topics` (the text of
+        the language reference that `help("assignment")` prints), cut at paragraph
+        boundaries into parts of about `part_chars` characters. A handful of topics hold
+        most of the text; whole, they would make the hash split lopsided (one split
+        getting 40% of the tokens), so they are split into passage-sized documents;
       - "module:<name>": the docstring of each public top-level standard-library module
         in `sys.stdlib_module_names` that has a pure-Python source file.
 
@@ -41,20 +44,25 @@ class StdlibDocsCorpus(Corpus):
     description = "Python's own documentation: pydoc help topics and standard-library module docstrings"
 
     def __init__(
-        self, *, min_chars: int = 200, split_fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS
+        self,
+        *,
+        min_chars: int = 200,
+        part_chars: int = 2000,
+        split_fractions: Sequence[float] = DEFAULT_SPLIT_FRACTIONS,
     ):
         super().__init__(split_fractions=split_fractions)
         self.min_chars = min_chars
+        self.part_chars = part_chars
 
     def documents(self) -> list[Document]:
-        documents = _help_topics() + _module_docstrings()
+        documents = _help_topics(self.part_chars) + _module_docstrings()
         return sorted(
             (document for document in documents if len(document.text) >= self.min_chars),
             key=lambda document: document.id,
         )
 
 
-def _help_topics() -> list[Document]:
+def _help_topics(part_chars: int) -> list[Document]:
     try:
         from pydoc_data.topics import topics
     except ImportError as error:
@@ -62,7 +70,24 @@ def _help_topics() -> list[Document]:
             "this Python has no pydoc_data module (some Linux distributions package it "
             "separately), which the stdlib-docs corpus needs"
         ) from error
-    return [Document(f"topic:{key}", text) for key, text in topics.items()]
+    return [
+        Document(f"topic:{key}:{index:03d}", part)
+        for key, text in topics.items()
+        for index, part in enumerate(_paragraph_parts(text, part_chars))
+    ]
+
+
+def _paragraph_parts(text: str, part_chars: int) -> list[str]:
+    """Consecutive runs of whole paragraphs, each closed once it reaches `part_chars`."""
+    parts, current = [], []
+    for paragraph in text.split("\n\n"):
+        current.append(paragraph)
+        if sum(len(p) for p in current) >= part_chars:
+            parts.append("\n\n".join(current))
+            current = []
+    if current:
+        parts.append("\n\n".join(current))
+    return parts
 
 
 def _module_docstrings() -> list[Document]:
