@@ -131,6 +131,80 @@ def check_corpus_cmd(name, backbone_name, seq_len):
     click.echo(tabulate(rows, headers=headers, intfmt=","))
 
 
+def _parse_assignments(items, what: str) -> dict[str, str]:
+    parsed = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise DihalError(f"{what} {item!r} is not of the form key=value")
+        parsed[key.strip()] = value.strip()
+    return parsed
+
+
+def _number(text: str, what: str) -> float | int:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise DihalError(f"{what}: {text!r} is not a number") from None
+
+
+@cli.command()
+@click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)
+@click.option("--corpus", "corpus_name", default="stdlib-docs", show_default=True)
+@click.option("--tokens", type=int, default=4096, show_default=True, help="Token hidden states sampled per layer (N).")
+@click.option("--seq-len", type=int, default=128, show_default=True, help="Length of the validation sequences.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--proxies", default=",".join(("local_curvature", "global_monotonicity", "effective_rank")),
+              show_default=True, help="Comma-separated proxy names, or 'all' for every registered proxy.")
+@click.option("--preprocessing", default="trace", show_default=True, help="trace, standardize or none.")
+@click.option("--param", "params", multiple=True, metavar="PROXY.KEY=VALUE", help="Override a proxy constant.")
+@click.option("--weight", "weights", multiple=True, metavar="PROXY=W", help="Weight of a proxy in the score (default 1).")
+@_backbone_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/locate", show_default=True,
+              help="Folder for locate.json, locate.csv and locate.png.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write only the JSON record, here.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preprocessing, params, weights, device,
+           dtype, out_dir, json_path, quiet):
+    """Score every layer's hidden-state geometry and choose the insertion layer ℓ*."""
+    from dihal_bench import locate as locate_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.corpus import load_corpus
+
+    overrides: dict[str, dict] = {}
+    for key, value in _parse_assignments(params, "--param").items():
+        proxy, dot, name = key.partition(".")
+        if not dot:
+            raise DihalError(f"--param {key!r} must name PROXY.KEY")
+        overrides.setdefault(proxy, {})[name] = _number(value, f"--param {key}")
+    config = locate_module.LocateConfig(
+        tokens=tokens, seq_len=seq_len, seed=seed,
+        proxies=tuple(p.strip() for p in proxies.split(",") if p.strip()),
+        preprocessing=preprocessing, params=overrides,
+        weights={k: float(_number(v, f"--weight {k}")) for k, v in _parse_assignments(weights, "--weight").items()},
+    )
+    if tokens < 2:
+        raise DihalError(f"--tokens {tokens} is too small: the proxies need at least 2 tokens per layer")
+    locate_module.resolve_proxies(config.proxies)  # unknown names fail before any model loads
+    backbone = load_backbone(backbone_name, device=device, dtype=dtype)
+    corpus = load_corpus(corpus_name)
+    result = locate_module.locate(backbone, corpus, config, progress=not quiet)
+    click.echo(locate_module.format_table(result))
+    timings = result["timings"]
+    click.echo(f"ℓ* = {result['chosen_layer']} for {result['backbone']['name']} "
+               f"(N={result['tokens_sampled']} tokens, {result['preprocessing']} preprocessing; "
+               f"extraction {timings['extract_seconds']:.1f}s, proxies {timings['proxy_seconds']:.1f}s)")
+    if json_path:
+        _write_json(json_path, result)
+        click.echo(f"wrote {json_path}")
+    else:
+        for path in locate_module.write_outputs(result, Path(out_dir)):
+            click.echo(f"wrote {path}")
+
+
 def main():
     cli(prog_name="dihal-bench")
 

@@ -132,6 +132,26 @@ def choose_layer(layers: list[int], scores) -> int:
     return min(layer for layer, score in zip(layers, scores) if score >= best - TIE_TOLERANCE)
 
 
+def check_proxy_setup(
+    proxies: dict[str, tuple[Proxy, bool]],
+    overrides: dict[str, dict],
+    preprocessing: str,
+    seed: int,
+    tokens: int,
+) -> dict[str, dict]:
+    """Validate a proxy run before any work is done; returns each proxy's resolved params."""
+    if preprocessing not in PREPROCESSING_MODES:
+        raise unknown_name("preprocessing", preprocessing, PREPROCESSING_MODES)
+    for name in overrides:
+        if name not in proxies:
+            raise unknown_name("proxy in parameter overrides", name, proxies)
+    params = {name: proxy_params(fn, overrides.get(name, {}), seed, name) for name, (fn, _) in proxies.items()}
+    for name, p in params.items():
+        if "k" in p and tokens <= p["k"]:
+            raise DihalError(f"proxy {name!r} needs more than k={p['k']} tokens per layer, got N={tokens}")
+    return params
+
+
 def evaluate_proxies(
     hidden_by_layer: dict[int, torch.Tensor],
     proxies: dict[str, tuple[Proxy, bool]],
@@ -150,19 +170,11 @@ def evaluate_proxies(
 
     with ``values`` in the order of ``layers`` (ascending).
     """
-    if preprocessing not in PREPROCESSING_MODES:
-        raise unknown_name("preprocessing", preprocessing, PREPROCESSING_MODES)
     if not hidden_by_layer:
         raise DihalError("no layers to evaluate proxies on")
-    for name in overrides:
-        if name not in proxies:
-            raise unknown_name("proxy in parameter overrides", name, proxies)
-    params = {name: proxy_params(fn, overrides.get(name, {}), seed, name) for name, (fn, _) in proxies.items()}
     layers = sorted(hidden_by_layer)
     fewest = min(hidden_by_layer[layer].shape[0] for layer in layers)
-    for name, p in params.items():
-        if "k" in p and fewest <= p["k"]:
-            raise DihalError(f"proxy {name!r} needs more than k={p['k']} tokens per layer, got N={fewest}")
+    params = check_proxy_setup(proxies, overrides, preprocessing, seed, fewest)
 
     values = {name: [] for name in proxies}
     for layer in tqdm(layers, desc="geometry proxies", unit="layer", disable=not progress):
