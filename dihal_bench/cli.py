@@ -46,6 +46,15 @@ def cli(debug):
     """
 
 
+def _describe(registration) -> str:
+    meta = registration.meta
+    if "description" in meta:
+        return meta["description"]
+    if "higher_is_better" in meta:
+        return "higher is better" if meta["higher_is_better"] else "lower is better"
+    return ""
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plugins(as_json):
@@ -57,7 +66,7 @@ def plugins(as_json):
     registry = get_registry()
     rows = [
         {"kind": r.kind, "name": r.name, "plugin": r.plugin, "distribution": r.distribution, "version": r.version,
-         "description": r.meta.get("description", "")}
+         "description": _describe(r)}
         for r in registry.all()
     ]
     failures = [{"plugin": f.plugin, "distribution": f.distribution, "reason": f.reason} for f in registry.failures]

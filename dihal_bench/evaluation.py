@@ -1,0 +1,108 @@
+"""Teacher-forced evaluation of next-token models and of bridges (DESIGN.md §4.2).
+
+All three measures run over fixed-length token sequences (n, T) from the corpus's packed
+validation split, in batches without gradients, and accumulate sums in float64 so that the
+result does not depend on the batch size beyond float32 rounding of each batch.
+
+A model's next-token predictions are its logits at positions 0..T−2, scored against the
+tokens at 1..T−1: each sequence contributes T−1 predicted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from dihal_bench.backbone import Backbone
+from dihal_bench.bridge import HiddenStateBridge
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid import HybridLM
+
+#: token ids (B, T) -> next-token logits (B, T, V), e.g. ``backbone.logits`` or ``hybrid.logits``
+LogitsFn = Callable[[Tensor], Tensor]
+
+
+@torch.no_grad()
+def teacher_forced_nll(logits_fn: LogitsFn, sequences: Tensor, batch_size: int = 16, *,
+                       progress: bool = False) -> dict:
+    """Σ −log p(x_t | x_<t) over t = 1..T−1 of every sequence (``nll_sum``), the number of
+    predicted tokens (``tokens``) and the perplexity exp(nll_sum / tokens) (``ppl``)."""
+    tokens = _predicted_tokens(sequences)
+    nll_sum = torch.zeros((), dtype=torch.float64)
+    for batch in _batches(sequences, batch_size, progress, "teacher-forced NLL"):
+        logits = logits_fn(batch)[:, :-1].float()
+        targets = batch[:, 1:].to(logits.device)
+        nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        nll_sum += nll.double().sum().cpu()
+    nll_sum = nll_sum.item()
+    return {"nll_sum": nll_sum, "tokens": tokens, "ppl": math.exp(nll_sum / tokens)}
+
+
+@torch.no_grad()
+def kl_to_backbone(backbone: Backbone, hybrid: HybridLM, sequences: Tensor, batch_size: int = 16, *,
+                   progress: bool = False) -> float:
+    """Mean over predicted tokens of KL(p_backbone ‖ p_hybrid) = Σ_v p_b(v)·(log p_b(v) − log p_h(v)),
+    in nats, both distributions conditioned on the same true prefix."""
+    tokens = _predicted_tokens(sequences)
+    total = torch.zeros((), dtype=torch.float64)
+    for batch in _batches(sequences, batch_size, progress, "KL to backbone"):
+        log_p = F.log_softmax(backbone.logits(batch)[:, :-1].float(), dim=-1)
+        log_q = F.log_softmax(hybrid.logits(batch)[:, :-1].float(), dim=-1).to(log_p.device)
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+        total += kl.double().sum().cpu()
+    return total.item() / tokens
+
+
+@torch.no_grad()
+def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tensor, mask: Tensor,
+                          steps: int | None = None, batch_size: int = 64, *, progress: bool = False) -> dict:
+    """Bridgeability of a layer: how well ``steps``-step sampled ĥ_ℓ matches h_ℓ.
+
+    Both are standardised with the bridge's target statistics; over the tokens where
+    ``mask`` (n, T) is True (the caller leaves out position 0), ``mse`` is the mean squared
+    error per dimension and ``r2`` = 1 − SSE/SST, with SST taken around the per-dimension
+    mean of the standardised targets over those same tokens. ``tokens`` counts them.
+    """
+    if not mask.any():
+        raise DihalError("bridge reconstruction: the mask selects no tokens")
+    reference = bridge.target_mean
+    sse = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros(target.shape[-1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    count = 0
+    for start in tqdm(range(0, cond.shape[0], batch_size), desc="bridge reconstruction",
+                      disable=not progress, leave=False):
+        rows = slice(start, start + batch_size)
+        keep = mask[rows].to(reference.device)
+        if not keep.any():
+            continue
+        sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps)
+        # float64 inputs make the standardisation itself run in float64 (the buffers promote)
+        predicted = bridge.standardize_target(sampled[keep].double())
+        actual = bridge.standardize_target(target[rows].to(reference.device)[keep].double())
+        sse += (predicted - actual).pow(2).sum().cpu()
+        total += actual.sum(0).cpu()
+        squares += actual.pow(2).sum(0).cpu()
+        count += int(keep.sum())
+    sst = (squares - total.pow(2) / count).sum()
+    return {
+        "mse": sse.item() / (count * target.shape[-1]),
+        "r2": 1.0 - sse.item() / sst.item() if sst > 0 else float("nan"),
+        "tokens": count,
+    }
+
+
+def _predicted_tokens(sequences: Tensor) -> int:
+    if sequences.dim() != 2 or sequences.shape[1] < 2:
+        raise DihalError(f"evaluation needs token sequences (n, T) with T ≥ 2, got shape {tuple(sequences.shape)}")
+    return sequences.shape[0] * (sequences.shape[1] - 1)
+
+
+def _batches(sequences: Tensor, batch_size: int, progress: bool, desc: str) -> Iterator[Tensor]:
+    for start in tqdm(range(0, sequences.shape[0], batch_size), desc=desc, disable=not progress, leave=False):
+        yield sequences[start : start + batch_size]

@@ -1,0 +1,225 @@
+"""The DiHAL hybrid LM (DESIGN.md §4.2): bridge → layers ℓ+1..L → final norm → LM head.
+
+The bridge stands in for the backbone's layers 1..ℓ: from the embedding output h_0 it
+predicts ĥ_ℓ, and the frozen backbone resumes from there. Because the bridge is causal in
+positions, the hybrid is an ordinary next-token model: it has teacher-forced logits and can
+generate autoregressively, keeping a key/value cache for the upper layers.
+
+Position 0 needs no bridge: under causal attention its hidden state depends on its own token
+only, so running the lower layers on that single token gives h_ℓ[0] exactly ("sink
+passthrough"; the first position is the attention sink whose huge activations a bridge
+would otherwise have to learn).
+
+Controls use the same class with a stand-in bridge: :class:`SkipBridge` feeds h_0 straight
+to the upper layers (layers 1..ℓ deleted), and at ℓ = 0 it gives the intact backbone with
+the same cached decode loop; :class:`OracleBridge` feeds the backbone's true h_ℓ, so the
+hybrid must reproduce the backbone (a test of the plumbing, not a method).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from dihal_bench.backbone import Backbone
+from dihal_bench.bridge import HiddenStateBridge
+from dihal_bench.errors import DihalError
+
+
+class LowerStack(Protocol):
+    """What stands in for layers 1..ℓ: maps h_0 (n, T, d) to ĥ_ℓ (n, T, d), causally.
+    Every :class:`HiddenStateBridge` is one."""
+
+    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor: ...
+
+
+class SkipBridge:
+    """The 'skip' control: ĥ_ℓ := h_0, as if layers 1..ℓ were simply deleted."""
+
+    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor:
+        return cond
+
+
+class OracleBridge:
+    """ĥ_ℓ := the backbone's own h_ℓ, so that the hybrid reproduces the backbone.
+
+    The condition carries no token ids, so they are recovered by finding each h_0 vector's
+    row in the table of all embedding outputs; that lookup is exact only where the rows are
+    distinct, which is checked.
+    """
+
+    def __init__(self, backbone: Backbone, layer: int):
+        self.backbone, self.layer = backbone, layer
+        vocabulary = torch.arange(backbone.vocab_size, device=backbone.device)
+        self.table = backbone.embed(vocabulary[None])[0]  # (V, d)
+
+    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor:
+        flat = cond.reshape(-1, cond.shape[-1]).to(self.table.device, self.table.dtype)
+        ids = torch.cdist(flat, self.table).argmin(-1)
+        if not torch.equal(self.table[ids], flat):
+            raise DihalError(f"{self.backbone.name}: the oracle bridge cannot recover token ids from embeddings")
+        return self.backbone.hidden_states(ids.view(cond.shape[:-1]))[self.layer]
+
+
+class HybridLM:
+    """Next-token model ``lower stack → backbone layers layer+1..L → norm → head``.
+
+    ``steps`` overrides the bridge's default number of sampling steps. Inputs are token ids
+    (B, T) without left padding: the bridge sees no attention mask, and a causal bridge is
+    unaffected by padding on the right only.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        bridge: LowerStack,
+        layer: int,
+        *,
+        sink_passthrough: bool = True,
+        steps: int | None = None,
+    ):
+        if layer != 0:  # layer 0 with SkipBridge is the intact backbone (see intact_control)
+            backbone.check_layer(layer)
+        if isinstance(bridge, torch.nn.Module):
+            bridge.eval()
+        self.backbone, self.bridge, self.layer = backbone, bridge, layer
+        self.sink_passthrough, self.steps = sink_passthrough, steps
+
+    # -- teacher forcing ----------------------------------------------------------------------
+    @torch.no_grad()
+    def bridged_states(self, input_ids: Tensor) -> Tensor:
+        """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype."""
+        cond = self.backbone.embed(input_ids)
+        if isinstance(self.bridge, HiddenStateBridge):  # bridges keep their own dtype and device
+            cond = cond.to(self.bridge.target_mean.device, self.bridge.target_mean.dtype)
+        return self.bridge.sample(cond, self.steps)
+
+    @torch.no_grad()
+    def sink_state(self, input_ids: Tensor) -> Tensor:
+        """The exact h_ℓ at position 0, (B, 1, d): the lower layers run on the first token alone."""
+        return self.backbone.hidden_states(input_ids[:, :1])[self.layer]
+
+    @torch.no_grad()
+    def lower_states(self, input_ids: Tensor) -> Tensor:
+        """ĥ_ℓ (B, T, d) that the upper layers receive: the bridge's, with position 0 exact
+        when sink passthrough is on."""
+        states = self.bridged_states(input_ids)
+        if not self.sink_passthrough:
+            return states
+        sink = self.sink_state(input_ids).to(states.device, states.dtype)
+        return torch.cat([sink, states[:, 1:]], dim=1)
+
+    @torch.no_grad()
+    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Next-token logits (B, T, V) at every position."""
+        return self.backbone.resume(self.lower_states(input_ids), self.layer, attention_mask)
+
+    # -- generation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self,
+        n: int,
+        max_new_tokens: int,
+        *,
+        prompt_ids: Tensor | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        batch_size: int = 16,
+        progress: bool = False,
+        use_cache: bool = True,
+    ) -> Tensor:
+        """``n`` continuations of ``max_new_tokens`` tokens each, (n, max_new_tokens) on the CPU.
+
+        Without ``prompt_ids`` every sample starts from the tokenizer's BOS token (EOS where
+        there is none), which is not returned. ``prompt_ids`` is one prompt (P,) shared by all
+        samples or one per sample (n, P). ``temperature`` 0 is greedy decoding; ``top_p`` < 1
+        is nucleus sampling. One generator seeded with ``seed`` draws every token, so the same
+        seed and batch size give the same tokens. ``use_cache=False`` recomputes the full
+        logits of the prefix at every step (a reference for the cached decode).
+        """
+        check_sampling(temperature, top_p)
+        if max_new_tokens < 1:
+            raise DihalError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        context = self._context(n, prompt_ids)
+        decode = self._decode_cached if use_cache else self._decode_uncached
+        generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
+        samples = []
+        for start in tqdm(range(0, n, batch_size), desc="hybrid generate", disable=not progress, leave=False):
+            ids = decode(context[start : start + batch_size], max_new_tokens, temperature, top_p, generator)
+            samples.append(ids[:, context.shape[1] :].cpu())
+        return torch.cat(samples)
+
+    def _decode_cached(self, ids: Tensor, max_new_tokens: int, temperature: float, top_p: float,
+                       generator: torch.Generator) -> Tensor:
+        """Prefill the upper layers' cache with the context, then feed one position per token.
+
+        The bridge is re-run on the whole prefix at each step; being causal, it leaves the
+        earlier positions unchanged, so only the newest position's ĥ_ℓ is passed on.
+        """
+        cache = self.backbone.new_cache()
+        logits = self.backbone.resume(self.lower_states(ids), self.layer, cache=cache)[:, -1]
+        for step in range(max_new_tokens):
+            if step:
+                newest = self.bridged_states(ids)[:, -1:]
+                logits = self.backbone.resume(newest, self.layer, cache=cache, position_offset=ids.shape[1] - 1)[:, -1]
+            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
+        return ids
+
+    def _decode_uncached(self, ids: Tensor, max_new_tokens: int, temperature: float, top_p: float,
+                         generator: torch.Generator) -> Tensor:
+        for _ in range(max_new_tokens):
+            logits = self.logits(ids)[:, -1]
+            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
+        return ids
+
+    def _context(self, n: int, prompt_ids: Tensor | None) -> Tensor:
+        """The token ids generation continues from, (n, P) on the backbone's device."""
+        if prompt_ids is None:
+            tokenizer = self.backbone.tokenizer
+            start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+            if start is None:
+                raise DihalError(f"{self.backbone.name}: the tokenizer has neither a BOS nor an EOS token to start from")
+            return torch.full((n, 1), start, dtype=torch.long, device=self.backbone.device)
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.backbone.device)
+        if prompt.dim() == 1:
+            prompt = prompt.expand(n, -1)
+        if prompt.dim() != 2 or prompt.shape[0] != n or prompt.shape[1] == 0:
+            raise DihalError(f"prompt_ids must be (P,) or ({n}, P) with P ≥ 1, got shape {tuple(prompt_ids.shape)}")
+        return prompt
+
+
+def check_sampling(temperature: float, top_p: float) -> None:
+    if temperature < 0:
+        raise DihalError(f"temperature must be ≥ 0 (0 is greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise DihalError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def sample_next_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+    """One token per row of ``logits`` (B, V): argmax at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the nucleus, the most probable tokens whose
+    mass before them is still below ``top_p`` (Holtzman et al. 2020; the top token always stays)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(mass_before >= top_p, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def skip_control(backbone: Backbone, layer: int, *, sink_passthrough: bool = True) -> HybridLM:
+    """The 'skip' control at ``layer``: the upper stack fed h_0 directly, no bridge. Sink
+    passthrough defaults on, as for DiHAL, so that the two differ in the bridge alone."""
+    return HybridLM(backbone, SkipBridge(), layer, sink_passthrough=sink_passthrough)
+
+
+def intact_control(backbone: Backbone) -> HybridLM:
+    """The intact backbone, resumed from h_0 through all L layers, with the same sampling
+    and cached decode loop as the hybrids (for matched generation and latency)."""
+    return HybridLM(backbone, SkipBridge(), 0, sink_passthrough=False)

@@ -1,0 +1,123 @@
+"""Shared fixtures: a character-level tokenizer, tiny random-weight decoder LMs, and inline plugins.
+
+Everything is built in-process from code and fixed seeds: no download, no file outside tmp.
+"""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from dihal_bench.errors import DihalError
+from dihal_bench.plugins import get_registry, register_plugin, unregister_plugin
+
+#: the tiny models' vocabulary; the tokenizer uses ids 0..102 of it
+TINY_VOCAB = 128
+#: Gemma3's local attention width: the tests' sequences are longer than this
+TINY_SLIDING_WINDOW = 8
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character: <pad>=0, <eos>=1, <unk>=2, then the 100 characters of
+    ``string.printable`` as 3..102. Adds no special tokens, so a text of n characters is
+    exactly n tokens."""
+    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2, **{c: i + 3 for i, c in enumerate(string.printable)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    # [\s\S] and not ".": the regex engine's "." skips newlines
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def _config_kwargs(layers: int) -> dict:
+    # initializer_range 0.2 (not the default 0.02) so that every layer changes the
+    # logits by O(1): a resume from the wrong layer is then off by a lot, not by 1e-4.
+    return dict(
+        vocab_size=TINY_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+        initializer_range=0.2, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+    )
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    return LlamaForCausalLM(LlamaConfig(**_config_kwargs(layers=3)))
+
+
+def _tiny_qwen3() -> Qwen3ForCausalLM:
+    return Qwen3ForCausalLM(Qwen3Config(**_config_kwargs(layers=4)))
+
+
+def _tiny_gemma3() -> Gemma3ForCausalLM:
+    # Local and global layers mixed so that a resume can start at either kind; a logit
+    # softcap the logits actually reach, so the backbone's own head must apply it.
+    config = Gemma3TextConfig(
+        **_config_kwargs(layers=4),
+        sliding_window=TINY_SLIDING_WINDOW,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        final_logit_softcapping=3.0,
+    )
+    return Gemma3ForCausalLM(config)
+
+
+TINY_BUILDERS = {"llama": _tiny_llama, "qwen3": _tiny_qwen3, "gemma3": _tiny_gemma3}
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, torch.nn.Module]:
+    """One random-weight causal LM per family (float32, eval mode), seeded: family -> model.
+
+    Shared by the whole session: tests must not change them (copy first).
+    """
+    built = {}
+    for seed, (family, build) in enumerate(TINY_BUILDERS.items()):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            built[family] = build().eval()
+    return built
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_models, char_tokenizer, tmp_path_factory) -> str:
+    """The tiny Gemma3 and the character tokenizer saved with ``save_pretrained``: a local
+    model directory that ``HFBackbone.from_pretrained`` and ``load_backbone`` accept."""
+    directory = tmp_path_factory.mktemp("tiny-gemma3")
+    tiny_models["gemma3"].save_pretrained(directory)
+    char_tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+@pytest.fixture
+def inline_plugin():
+    """``inline_plugin(plugin, name)`` registers a plugin object for one test only.
+
+    Unregistered afterwards even when the registration itself raised (``register_plugin``
+    rebuilds the process-wide registry, which may fail on purpose in a test).
+    """
+    names = []
+
+    def register(plugin: object, name: str) -> None:
+        names.append(name)
+        register_plugin(plugin, name)
+
+    try:
+        yield register
+    finally:
+        for name in names:
+            try:
+                unregister_plugin(name)
+            except DihalError:  # it still conflicts with a plugin not yet unregistered
+                pass
+        get_registry(refresh=True)
