@@ -67,9 +67,9 @@ class OracleBridge:
 class HybridLM:
     """Next-token model ``lower stack → backbone layers layer+1..L → norm → head``.
 
-    ``steps`` overrides the bridge's default number of sampling steps. Inputs are token ids
-    (B, T) without left padding: the bridge sees no attention mask, and a causal bridge is
-    unaffected by padding on the right only.
+    ``steps`` overrides the bridge's default number of sampling steps; a bridge that is a
+    module is put in eval mode. Inputs are token ids (B, T) without left padding: the bridge
+    sees no attention mask, and a causal bridge is unaffected by padding on the right only.
     """
 
     def __init__(
@@ -188,7 +188,7 @@ class HybridLM:
         if prompt.dim() == 1:
             prompt = prompt.expand(n, -1)
         if prompt.dim() != 2 or prompt.shape[0] != n or prompt.shape[1] == 0:
-            raise DihalError(f"prompt_ids must be (P,) or ({n}, P) with P ≥ 1, got shape {tuple(prompt_ids.shape)}")
+            raise DihalError(f"prompt_ids must be (P,) or ({n}, P) with P ≥ 1, got shape {tuple(prompt.shape)}")
         return prompt
 
 

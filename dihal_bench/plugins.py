@@ -91,6 +91,17 @@ def _new_manager() -> pluggy.PluginManager:
     return pm
 
 
+def _register_checked(pm: pluggy.PluginManager, plugin: object, name: str) -> None:
+    """Register ``plugin``; unregister it again if it implements a hook we do not define
+    (usually a misspelt name), so that it cannot half-work."""
+    pm.register(plugin, name=name)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError:
+        pm.unregister(name=name)
+        raise
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -115,20 +126,18 @@ def build_registry(
             registry.failures.append(PluginFailure(ep.name, dist_name, "a plugin of this name is already loaded"))
             continue
         try:
-            pm.register(ep.load(), name=ep.name)
+            _register_checked(pm, ep.load(), ep.name)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the tool
             registry.failures.append(PluginFailure(ep.name, dist_name, _one_line(exc)))
             continue
         origin[ep.name] = (dist_name, dist_version)
 
     for name, plugin in extra_plugins:
-        pm.register(plugin, name=name)
+        try:
+            _register_checked(pm, plugin, name)
+        except pluggy.PluginValidationError as exc:
+            raise DihalError(f"plugin {name!r}: {exc}") from None
         origin[name] = (None, None)
-
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise DihalError(f"plugin {exc.plugin_name!r} implements an unknown hook: {exc}") from None
 
     # Call each implementation on its own so a registration is attributed to its plugin
     # and one plugin's failing hook does not hide the others' registrations.
@@ -165,7 +174,12 @@ def get_registry(refresh: bool = False) -> Registry:
 def register_plugin(plugin: object, name: str) -> None:
     """Add a plugin object (a module or any object with hookimpls) without an entry point."""
     _inline.append((name, plugin))
-    get_registry(refresh=True)
+    try:
+        get_registry(refresh=True)
+    except Exception:
+        _inline.pop()  # a rejected plugin must not poison every later rebuild
+        get_registry(refresh=True)
+        raise
 
 
 def unregister_plugin(name: str) -> None:

@@ -74,7 +74,7 @@ class HFBackbone(Backbone):
                 model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code
             ) if gguf_file else AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
             model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # missing files; a directory that holds no model
             raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
         if not device_map:
             model = model.to(device)

@@ -1,0 +1,91 @@
+"""The intact backbone sampled autoregressively: the reference every method is read against
+(DESIGN.md §4.3, "Controls"). It trains nothing and sits outside the budget."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from dihal_bench import hookimpl
+from dihal_bench.backbone import Backbone
+from dihal_bench.baseline import CONFIG_FILE, Baseline
+from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid import check_sampling, intact_control
+from dihal_bench.training import TrainResult
+
+from .diffusion_lm import parse_options
+
+
+@dataclass(frozen=True)
+class ARBackboneOptions:
+    temperature: float = 1.0  # 0 is greedy
+    top_p: float = 1.0  # nucleus; 1 keeps the whole vocabulary
+
+
+class ARBackbone(Baseline):
+    """The frozen backbone generating left to right, one token per forward step with its
+    key/value cache, from the start token: the tokenizer's BOS, or its EOS where there is no
+    BOS (SmolLM2 has none; the start token is not part of the T returned tokens). Decoding is
+    the hybrid's own loop (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL
+    are sampled identically.
+
+    ``in_budget = False``: nothing is trained, so fit() takes no step, save() writes only the
+    configuration and load() reads only that.
+    """
+
+    name = "ar-backbone"
+    paper = "the intact backbone (reference control, DESIGN.md §4.3)"
+    in_budget = False
+
+    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
+        super().__init__(backbone, budget, seed, **options)
+        self.settings = parse_options(self.name, ARBackboneOptions, options)
+        check_sampling(self.settings.temperature, self.settings.top_p)
+        self.lm = intact_control(backbone)
+
+    def components(self) -> dict[str, nn.Module]:
+        return {}
+
+    def sampling_options(self) -> dict:
+        tokenizer = self.backbone.tokenizer
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        return {"temperature": self.settings.temperature, "top_p": self.settings.top_p, "start_token": start}
+
+    def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
+        return {}
+
+    def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
+        raise DihalError(f"{self.name} trains nothing: it has no loss")
+
+    def fit(self, sequences: Tensor, checkpoint_dir: Path | None = None, progress: bool = True) -> TrainResult:
+        return TrainResult(losses=[], steps_done=0, sequences_seen=0, tokens_seen=0, wall_seconds=0.0,
+                           resumed_from_step=None)
+
+    def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
+        return self.lm.generate(n, seq_len, temperature=self.settings.temperature, top_p=self.settings.top_p,
+                                seed=seed, batch_size=batch_size, progress=progress)
+
+    def save(self, directory: Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+
+    def load(self, directory: Path) -> None:
+        path = Path(directory) / CONFIG_FILE
+        if not path.exists():
+            raise DihalError(f"{self.name}: no saved configuration in {directory}")
+        saved = json.loads(path.read_text())
+        if saved.get("name") != self.name or saved.get("options") != self.options:
+            raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
+                             f"not {self.name!r} with {self.options}")
+
+
+@hookimpl
+def register_baselines(register):
+    register("ar-backbone", ARBackbone,
+             description="the intact backbone sampled autoregressively (reference, outside the budget)")

@@ -1,0 +1,14 @@
+"""Built-in suites, as data: one TOML file each (DESIGN.md §4.5)."""
+
+import tomllib
+from pathlib import Path
+
+from dihal_bench import hookimpl
+
+HERE = Path(__file__).parent
+
+
+@hookimpl
+def register_suites(register):
+    for path in sorted(HERE.glob("*.toml")):
+        register(path.stem, path, description=tomllib.loads(path.read_text())["description"])

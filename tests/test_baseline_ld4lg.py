@@ -1,0 +1,210 @@
+"""LD4LG on a tiny random-weight Llama backbone: its pieces have the stated properties, the split
+training overfits two sentences and regenerates them, and the contract's bookkeeping holds."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
+from dihal_bench.training import count_trainable
+from dihal_builtin.baselines.ld4lg import (
+    LD4LG,
+    Compressor,
+    TokenDecoder,
+    register_baselines,
+    sampled_cross_entropy,
+    x0_from_v,
+)
+from dihal_builtin.baselines.schedules import noised
+from dihal_builtin.hf_backbone import HFBackbone
+
+SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
+TINY = dict(d_model=32, heads=2, latents=2, latent_dim=8, compressor_layers=1, decoder_layers=1, denoiser_layers=2,
+            autoencoder_fraction=0.2, steps=10)
+STEPS = 600  # the autoencoder converges within its 120; the denoiser needs the rest
+BUDGET = Budget(steps=STEPS, batch_size=8, seq_len=8, lr=3e-3, epochs=STEPS, checkpoint_every=100)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread pool's
+    waiting makes each small op slow by orders of magnitude."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def backbone(tiny_models, char_tokenizer) -> HFBackbone:
+    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def corpus(char_tokenizer) -> torch.Tensor:
+    """The two sentences, eight times each: (16, 8) token ids."""
+    return torch.tensor(char_tokenizer(SENTENCES, add_special_tokens=False)["input_ids"]).repeat(8, 1)
+
+
+@pytest.fixture(scope="module")
+def trained(backbone, corpus, tmp_path_factory):
+    """(model, its TrainResult, its checkpoint directory), trained once for the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    directory = tmp_path_factory.mktemp("ld4lg-checkpoints")
+    model = LD4LG(backbone, BUDGET, seed=0, **TINY)
+    result = model.fit(corpus, checkpoint_dir=directory, progress=False)
+    torch.set_num_threads(threads)
+    return model, result, directory
+
+
+def decode(tokenizer, ids: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(row) for row in ids.tolist()]
+
+
+# -- the pieces -------------------------------------------------------------------------
+
+
+def test_sampled_cross_entropy_is_exact_when_every_token_is_scored():
+    generator = torch.Generator().manual_seed(0)
+    hidden, table = torch.randn(3, 5, 4, generator=generator), torch.randn(20, 4, generator=generator)
+    targets = torch.randint(0, 20, (3, 5), generator=generator)
+    exact = F.cross_entropy(hidden.reshape(-1, 4) @ table.T, targets.reshape(-1))
+    estimate = sampled_cross_entropy(hidden, targets, lambda rows: table[rows], 20, 20, generator)
+    torch.testing.assert_close(estimate, exact)
+
+
+def test_sampled_cross_entropy_weights_the_sampled_remainder():
+    """Tokens outside the batch's targets all score 0: any 3 of them, each weighted (V − |U|)/3,
+    sum to exactly what all V − |U| contribute, so the estimate equals the full softmax."""
+    generator = torch.Generator().manual_seed(1)
+    targets = torch.tensor([[0, 1, 1, 2]])
+    table = torch.zeros(50, 4)
+    table[:3] = torch.randn(3, 4, generator=generator)
+    hidden = torch.randn(1, 4, 4, generator=generator)
+    exact = F.cross_entropy(hidden.reshape(-1, 4) @ table.T, targets.reshape(-1))
+    estimate = sampled_cross_entropy(hidden, targets, lambda rows: table[rows], 50, 3, generator)
+    torch.testing.assert_close(estimate, exact)
+
+
+def test_x0_from_v_inverts_the_v_target():
+    generator = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(4, 3, 2, generator=generator), torch.randn(4, 3, 2, generator=generator)
+    alpha_bar = torch.tensor([0.01, 0.3, 0.7, 0.99])[:, None, None]
+    v = alpha_bar.sqrt() * noise - (1 - alpha_bar).sqrt() * x0
+    torch.testing.assert_close(x0_from_v(noised(x0, alpha_bar, noise), alpha_bar, v), x0)
+
+
+def test_compressor_latents_have_norm_sqrt_latent_dim():
+    torch.manual_seed(0)
+    compressor = Compressor(width=12, latents=3, latent_dim=5, d_model=16, layers=1, heads=2, max_len=6, dropout=0.0)
+    latents = compressor(100 * torch.randn(2, 6, 12))
+    assert latents.shape == (2, 3, 5)
+    torch.testing.assert_close(latents.norm(dim=-1), torch.full((2, 3), math.sqrt(5)))
+
+
+def test_token_decoder_predicts_each_token_from_earlier_tokens_only():
+    torch.manual_seed(0)
+    decoder = TokenDecoder(width=12, memory_dim=5, memory_len=3, d_model=16, layers=2, heads=2, max_len=6, dropout=0.0)
+    previous, memory = torch.randn(2, 5, 12), torch.randn(2, 3, 5)
+    hidden = decoder(previous, memory)
+    assert hidden.shape == (2, 6, 16)
+    changed = previous.clone()
+    changed[:, 3] += 1.0  # token 3 may move only the predictions of tokens 4 and 5
+    moved = (decoder(changed, memory) - hidden).abs().amax(dim=(0, 2))
+    assert moved[:4].max() == 0 and moved[4:].min() > 1e-3
+    assert (decoder(previous, memory + 1.0) - hidden).abs().amax() > 1e-3  # the memory is read
+
+
+# -- training and sampling ------------------------------------------------------------
+
+
+def test_both_phases_learn_and_share_the_budget(trained):
+    model, result, directory = trained
+    first = round(model.settings.autoencoder_fraction * STEPS)
+    assert result.steps_done == len(result.losses) == STEPS
+    assert result.sequences_seen == STEPS * BUDGET.batch_size and result.resumed_from_step is None
+    reconstruction, diffusion = result.losses[:first], result.losses[first:]
+    assert reconstruction[0] > math.log(64)  # chance over a vocabulary of 128
+    assert sum(reconstruction[-10:]) / 10 < 0.05  # the two sentences are reconstructed
+    assert sum(diffusion[-50:]) / 50 < 0.5 * sum(diffusion[:50]) / 50
+    assert {p.name for p in directory.iterdir()} == {"autoencoder", "diffusion"}
+
+
+def test_samples_regenerate_the_training_sentences(trained, char_tokenizer):
+    model, _, _ = trained
+    texts = decode(char_tokenizer, model.sample(12, 8, seed=3, batch_size=5))
+    assert set(texts) == set(SENTENCES)  # every sample is one of them, and both modes are found
+
+
+def test_sampling_is_reproducible_from_the_seed(trained):
+    model, _, _ = trained
+    assert torch.equal(model.sample(6, 8, seed=7), model.sample(6, 8, seed=7))
+    assert model.sample(6, 8, seed=7).dtype == torch.long
+
+
+def test_resuming_a_finished_run_trains_nothing(trained, backbone, corpus):
+    model, _, directory = trained
+    again = LD4LG(backbone, BUDGET, seed=0, **TINY)
+    result = again.fit(corpus, checkpoint_dir=directory, progress=False)
+    assert result.resumed_from_step == STEPS and result.wall_seconds < 1.0
+    assert torch.equal(again.sample(6, 8, seed=1), model.sample(6, 8, seed=1))
+
+
+def test_save_load_round_trip_gives_identical_samples(trained, backbone, tmp_path):
+    model, _, _ = trained
+    model.save(tmp_path)
+    restored = LD4LG(backbone, BUDGET, seed=0, **TINY)
+    with pytest.raises(DihalError, match="not trained"):
+        restored.sample(2, 8, seed=0)
+    restored.load(tmp_path)
+    assert torch.equal(restored.sample(6, 8, seed=5), model.sample(6, 8, seed=5))
+
+
+def test_missing_checkpoint_and_overlong_samples_are_refused(trained, backbone, tmp_path):
+    with pytest.raises(DihalError, match="no trained checkpoint"):
+        LD4LG(backbone, BUDGET, **TINY).load(tmp_path)
+    with pytest.raises(DihalError, match="positions for 8"):
+        trained[0].sample(1, 9, seed=0)
+
+
+# -- the contract's bookkeeping --------------------------------------------------------
+
+
+def test_parameter_counts_match_what_the_optimizer_updates(backbone):
+    model = LD4LG(backbone, BUDGET, **TINY)
+    counts = model.parameter_counts()
+    assert set(counts) == {"compressor", "decoder", "denoiser"}
+    assert sum(counts.values()) == count_trainable(model.module())
+    assert not any(p.requires_grad for p in backbone.model.parameters())
+
+
+def test_allowance_sets_the_width(backbone):
+    allowance = 100_000
+    model = LD4LG(backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
+    total = sum(model.parameter_counts().values())
+    assert abs(total - allowance) <= 0.1 * allowance
+    assert model.parts["denoiser"].in_proj.out_features % 4 == 0  # a multiple of 2·heads
+    with pytest.raises(DihalError, match="smallest configuration"):
+        LD4LG(backbone, BUDGET.replace(param_allowance=1_000), **{**TINY, "d_model": None})
+
+
+def test_bad_options_are_refused(backbone):
+    with pytest.raises(DihalError, match="unknown option"):
+        LD4LG(backbone, BUDGET, latent_size=8)
+    with pytest.raises(DihalError, match="autoencoder_fraction"):
+        LD4LG(backbone, BUDGET, **{**TINY, "autoencoder_fraction": 1.0})
+    with pytest.raises(DihalError, match="out of range"):
+        LD4LG(backbone, BUDGET, **TINY, feature_layer=9)
+
+
+def test_registers_under_its_name():
+    registered = {}
+    register_baselines(register=lambda name, obj, **meta: registered.update({name: (obj, meta)}))
+    assert registered["ld4lg"][0] is LD4LG and registered["ld4lg"][1]["description"]

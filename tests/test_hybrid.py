@@ -1,0 +1,191 @@
+"""The hybrid LM on tiny random-weight Llama, Qwen3 and Gemma3 backbones: the oracle bridge
+reproduces the backbone, position 0 is exact, cached decoding equals recomputing the whole
+prefix (beyond the sliding window too), and the intact control equals transformers' greedy generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid import HybridLM, OracleBridge, intact_control, sample_next_token, skip_control
+from dihal_builtin.bridge import DihalBridge
+from dihal_builtin.hf_backbone import HFBackbone
+
+FAMILIES = ("llama", "qwen3", "gemma3")
+VOCAB = 128  # the tiny models' (conftest.py)
+WINDOW = 8  # the tiny Gemma3's sliding window: generated lengths go well beyond it
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread
+    pool's waiting makes each small op slow by orders of magnitude."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def backbone(request, tiny_models, char_tokenizer) -> HFBackbone:
+    return HFBackbone(tiny_models[request.param], char_tokenizer, f"tiny-{request.param}")
+
+
+def random_ids(n: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def fitted_bridge(backbone: HFBackbone, layer: int) -> DihalBridge:
+    """An untrained tiny DiHAL bridge whose standardiser matches the backbone's h_0 and h_ℓ."""
+    torch.manual_seed(1)
+    bridge = DihalBridge(backbone.width, d_model=32, layers=1, heads=2, steps=2)
+    ids = random_ids(8, 12, seed=1)
+    states = backbone.hidden_states(ids)
+    mask = torch.ones(ids.shape, dtype=torch.bool)
+    mask[:, 0] = False
+    bridge.fit_standardizer(states[0], states[layer], mask)
+    return bridge
+
+
+def word_tokenizer(*, with_bos: bool) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer with (optionally) a BOS token, which the character one lacks."""
+    specials = ["<pad>", "<eos>", "<unk>"] + (["<s>"] if with_bos else [])
+    words = "the cat sat on a mat".split()
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                   eos_token="<eos>", bos_token="<s>" if with_bos else None)
+
+
+# -- teacher forcing ----------------------------------------------------------------------
+
+
+def test_oracle_bridge_reproduces_backbone_logits_at_every_layer(backbone):
+    ids = random_ids(3, 2 * WINDOW + 3)
+    mask = torch.ones_like(ids)
+    mask[1, WINDOW + 2 :] = 0  # right padding: the real positions are unaffected
+    real = mask.bool()
+    full, padded = backbone.logits(ids), backbone.logits(ids, mask)
+    for layer in range(1, backbone.num_layers):
+        hybrid = HybridLM(backbone, OracleBridge(backbone, layer), layer)
+        torch.testing.assert_close(hybrid.logits(ids), full, atol=1e-5, rtol=0)
+        torch.testing.assert_close(hybrid.logits(ids, mask)[real], padded[real], atol=1e-5, rtol=0)
+
+
+def test_sink_passthrough_makes_position_0_exact(backbone):
+    layer = 2
+    ids = random_ids(3, 9)
+    bridge = fitted_bridge(backbone, layer)
+    truth = backbone.hidden_states(ids)[layer]
+    on = HybridLM(backbone, bridge, layer).lower_states(ids)
+    bridged = HybridLM(backbone, bridge, layer).bridged_states(ids)
+    torch.testing.assert_close(on[:, 0], truth[:, 0], atol=1e-5, rtol=0)
+    assert torch.equal(on[:, 1:], bridged[:, 1:])
+
+    off = HybridLM(backbone, bridge, layer, sink_passthrough=False).lower_states(ids)
+    assert torch.equal(off, bridged)
+    assert (off[:, 0] - truth[:, 0]).norm(dim=-1).min() > 1e-2  # the untrained bridge misses it
+
+
+def test_skip_control_feeds_the_embedding_output(backbone):
+    ids = random_ids(2, 8)
+    control = skip_control(backbone, 2, sink_passthrough=False)
+    assert torch.equal(control.lower_states(ids), backbone.embed(ids))
+    torch.testing.assert_close(control.logits(ids), backbone.resume(backbone.embed(ids), 2), atol=0, rtol=0)
+    with_sink = skip_control(backbone, 2).lower_states(ids)
+    torch.testing.assert_close(with_sink[:, 0], backbone.hidden_states(ids)[2][:, 0], atol=1e-5, rtol=0)
+
+
+def test_layer_out_of_range_is_refused(backbone):
+    with pytest.raises(DihalError, match="out of range"):
+        HybridLM(backbone, fitted_bridge(backbone, 1), backbone.num_layers)
+
+
+# -- generation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 0.9), (0.0, 1.0)], ids=["nucleus", "greedy"])
+@pytest.mark.parametrize("sink_passthrough", [True, False], ids=["sink", "no-sink"])
+def test_cached_generation_equals_uncached(backbone, temperature, top_p, sink_passthrough):
+    """Beyond Gemma3's sliding window, unconditionally and after a prompt longer than the window,
+    with a batch split unevenly."""
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2, sink_passthrough=sink_passthrough)
+    for prompt in (None, random_ids(3, 2 * WINDOW - 1, seed=5)):
+        options = dict(prompt_ids=prompt, temperature=temperature, top_p=top_p, seed=3, batch_size=2)
+        cached = hybrid.generate(3, 3 * WINDOW, **options)
+        uncached = hybrid.generate(3, 3 * WINDOW, use_cache=False, **options)
+        assert cached.shape == (3, 3 * WINDOW) and cached.dtype == torch.long
+        assert torch.equal(cached, uncached)
+        assert len(cached.unique()) > 3  # real variation, not a repeated token
+
+
+def test_intact_control_matches_transformers_greedy_generate(backbone):
+    start = backbone.tokenizer.eos_token_id  # the character tokenizer has no BOS
+    ours = intact_control(backbone).generate(2, 3 * WINDOW, temperature=0.0)
+    theirs = backbone.model.generate(torch.full((2, 1), start), max_new_tokens=3 * WINDOW, do_sample=False)
+    assert torch.equal(ours, theirs[:, 1:])
+
+
+def test_same_seed_gives_same_tokens_and_another_seed_differs(backbone):
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 1), 1)
+    first = hybrid.generate(4, 8, seed=11)
+    assert torch.equal(first, hybrid.generate(4, 8, seed=11))
+    assert not torch.equal(first, hybrid.generate(4, 8, seed=12))
+
+
+def test_generation_starts_from_bos_or_else_eos(tiny_models):
+    for with_bos, start in ((True, "<s>"), (False, "<eos>")):
+        backbone = HFBackbone(tiny_models["llama"], word_tokenizer(with_bos=with_bos), "tiny-llama")
+        hybrid = skip_control(backbone, 2)
+        start_id = backbone.tokenizer.convert_tokens_to_ids(start)
+        prompted = hybrid.generate(2, 6, prompt_ids=torch.tensor([start_id]), temperature=0.0)
+        assert torch.equal(hybrid.generate(2, 6, temperature=0.0), prompted)
+        other = hybrid.generate(2, 6, prompt_ids=torch.tensor([start_id + 1]), temperature=0.0)
+        assert not torch.equal(prompted, other)  # the start token matters, so the check has teeth
+
+
+def test_prompted_generation_continues_the_prompt(backbone):
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2)
+    prompt = random_ids(2, 5, seed=9)
+    continuation = hybrid.generate(2, 4, prompt_ids=prompt, temperature=0.0)
+    assert torch.equal(continuation[:, 0], hybrid.logits(prompt)[:, -1].argmax(-1))
+    full = torch.cat([prompt, continuation], dim=1)
+    assert torch.equal(continuation[:, -1], hybrid.logits(full[:, :-1])[:, -1].argmax(-1))
+
+
+def test_bad_sampling_options_are_refused(backbone):
+    hybrid = skip_control(backbone, 1)
+    for options, message in ((dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+                             (dict(prompt_ids=random_ids(3, 4)), "prompt_ids")):
+        with pytest.raises(DihalError, match=message):
+            hybrid.generate(2, 4, **options)
+
+
+# -- the sampler --------------------------------------------------------------------------
+
+
+def test_nucleus_keeps_the_smallest_prefix_reaching_top_p():
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])  # sorted: 0.4, 0.3, 0.2, 0.1
+    logits = probs.log().expand(4000, -1)
+    generator = torch.Generator().manual_seed(0)
+
+    half = sample_next_token(logits, 1.0, 0.5, generator)  # mass before: 0, .4, .7, .9
+    assert set(half.tolist()) == {1, 3}
+    assert abs((half == 1).float().mean().item() - 4 / 7) < 0.03  # renormalised 0.4 / 0.7
+
+    assert set(sample_next_token(logits, 1.0, 0.75, generator).tolist()) == {1, 2, 3}
+    assert set(sample_next_token(logits, 1.0, 1.0, generator).tolist()) == {0, 1, 2, 3}
+    assert set(sample_next_token(logits, 1.0, 1e-6, generator).tolist()) == {1}
+    assert set(sample_next_token(logits, 0.0, 1.0, generator).tolist()) == {1}
+
+
+def test_temperature_sharpens_the_distribution():
+    logits = torch.tensor([0.0, 1.0]).expand(4000, -1)
+    generator = torch.Generator().manual_seed(0)
+    share = {t: sample_next_token(logits, t, 1.0, generator).float().mean().item() for t in (0.5, 1.0, 2.0)}
+    expected = {t: torch.sigmoid(torch.tensor(1.0 / t)).item() for t in share}  # p(token 1) = σ(1/T)
+    for t in share:
+        assert abs(share[t] - expected[t]) < 0.03

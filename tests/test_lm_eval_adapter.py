@@ -1,0 +1,441 @@
+"""The lm-eval adapter on a tiny random-weight Llama: every score equals a log-softmax sum
+computed here directly from the transformers model, rolling windows included; generation
+stops at stop strings; the oracle hybrid reproduces the backbone; the local task runs
+offline through lm-eval and its perplexities match a direct computation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+pytest.importorskip("lm_eval")
+
+import lm_eval  # noqa: E402
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.api.registry import get_model  # noqa: E402
+from lm_eval.tasks import TaskManager  # noqa: E402
+
+import dihal_bench.lm_eval_adapter as adapter  # noqa: E402
+from dihal_bench.corpus import load_corpus  # noqa: E402
+from dihal_bench.errors import DihalError  # noqa: E402
+from dihal_bench.lm_eval_adapter import (  # noqa: E402
+    INSTALL_HINT,
+    DihalLM,
+    load_scorer,
+    local_task_config,
+    run_lm_eval,
+)
+from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
+from dihal_builtin.bridge import DihalBridge  # noqa: E402
+from dihal_builtin.hf_backbone import HFBackbone  # noqa: E402
+
+CONTEXT = 64  # the tiny model's positions: texts below are longer, so rolling needs several windows
+EOS = 1  # the character tokenizer's (conftest.py); it has no BOS, so EOS is the prefix token
+TOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model(char_tokenizer) -> LlamaForCausalLM:
+    """A 2-layer Llama whose vocabulary is exactly the character tokenizer's, so that every
+    greedy token decodes to text."""
+    config = LlamaConfig(
+        vocab_size=len(char_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=CONTEXT,
+        initializer_range=0.2, pad_token_id=0, eos_token_id=EOS, bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def backbone(model, char_tokenizer) -> HFBackbone:
+    return HFBackbone(model, char_tokenizer, "tiny")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIHAL_BENCH_CACHE", str(tmp_path / "cache"))
+
+
+def lm(backbone, **options) -> DihalLM:
+    return DihalLM.from_model_args(backbone, **options)
+
+
+def requests(kind: str, *arguments) -> list[Instance]:
+    return [Instance(kind, {}, args if isinstance(args, tuple) else (args,), i) for i, args in enumerate(arguments)]
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@torch.no_grad()
+def token_logprobs(model, inputs: list[int]) -> torch.Tensor:
+    """log p(· | inputs[:t+1]) at every position t, straight from transformers: (T, V)."""
+    return torch.log_softmax(model(torch.tensor([inputs])).logits[0].float(), dim=-1)
+
+
+def direct_loglikelihood(model, context: list[int], continuation: list[int]) -> float:
+    logprobs = token_logprobs(model, context + continuation[:-1])[len(context) - 1 :]
+    return sum(logprobs[t, token].item() for t, token in enumerate(continuation))
+
+
+def reference_rolling(model, tokens: list[int], window: int) -> float:
+    """The rolling log-likelihood written out independently: tokens are predicted in blocks of
+    ``window``; each block reads the ``window`` inputs that end just before its last token
+    (the prefix token stands before the text), so a block's first token sees one token of
+    context and the final block sees as much as fits."""
+    inputs = [EOS] + tokens
+    total = 0.0
+    for start in range(0, len(tokens), window):
+        end = min(start + window, len(tokens))
+        first = max(0, end - window)
+        logprobs = token_logprobs(model, inputs[first:end])
+        total += sum(logprobs[j - first, tokens[j]].item() for j in range(start, end))
+    return total
+
+
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(n):
+        tokens.append(int(token_logprobs(model, tokens)[-1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def printable_greedy_prompt(model, tokenizer, n: int) -> tuple[str, list[int]]:
+    """A short prompt whose first ``n`` greedy tokens are all characters (no special token),
+    found by trying prompts in a fixed order."""
+    for prompt in ("The", "a", "x =", "def", "Hello", "0", "z", "Q", "import"):  # no trailing space: lm-eval moves it
+        generated = greedy_tokens(model, ids(tokenizer, prompt), n)
+        if min(generated) > 2:
+            return prompt, generated
+    raise AssertionError("no prompt with a printable greedy continuation")
+
+
+LONG_TEXT = "Rolling windows score each token exactly once, however long the text is. " * 2  # 148 tokens
+
+
+# -- log-likelihoods --------------------------------------------------------------------------
+
+
+def test_loglikelihood_is_the_direct_log_softmax_sum(model, backbone, char_tokenizer):
+    tok = char_tokenizer
+    prompt, greedy = printable_greedy_prompt(model, tok, 3)
+    pairs = [("The cat", " sat on"), ("", "empty context"), (prompt, tok.decode(greedy)), ("The cat ", "sat on")]
+    answers = lm(backbone).loglikelihood(requests("loglikelihood", *pairs))
+
+    assert answers[0][0] == pytest.approx(direct_loglikelihood(model, ids(tok, "The cat"), ids(tok, " sat on")), abs=TOL)
+    # an empty context is conditioned on the prefix token alone
+    assert answers[1][0] == pytest.approx(direct_loglikelihood(model, [EOS], ids(tok, "empty context")), abs=TOL)
+    assert answers[2] == (pytest.approx(direct_loglikelihood(model, ids(tok, prompt), greedy), abs=TOL), True)
+    assert answers[0][1] is False  # a random model does not greedily continue "The cat" with " sat on"
+    # a context's trailing space moves to the continuation
+    assert answers[3] == pytest.approx(answers[0], abs=1e-6)
+
+
+def test_rolling_loglikelihood_of_a_text_longer_than_the_context(model, backbone, char_tokenizer):
+    tokens = ids(char_tokenizer, LONG_TEXT)
+    assert len(tokens) > 2 * CONTEXT
+    scorer = lm(backbone)
+    assert scorer.max_length == CONTEXT  # from the model's max_position_embeddings
+    (rolled,) = scorer.loglikelihood_rolling(requests("loglikelihood_rolling", LONG_TEXT))
+    assert rolled == pytest.approx(reference_rolling(model, tokens, CONTEXT), abs=TOL)
+    # not the score of one long window: the windows do cut the context
+    assert abs(rolled - direct_loglikelihood(model, [EOS], tokens)) > 1e-2
+
+
+def test_rolling_loglikelihood_within_one_window_is_the_plain_sum(model, backbone, char_tokenizer):
+    text = "short text"
+    (rolled,) = lm(backbone).loglikelihood_rolling(requests("loglikelihood_rolling", text))
+    assert rolled == pytest.approx(direct_loglikelihood(model, [EOS], ids(char_tokenizer, text)), abs=TOL)
+
+
+@pytest.mark.parametrize("window", [1, 7])
+def test_rolling_windows_of_any_length(model, backbone, char_tokenizer, window):
+    text = LONG_TEXT[:40]
+    (rolled,) = lm(backbone, max_length=window).loglikelihood_rolling(requests("loglikelihood_rolling", text))
+    assert rolled == pytest.approx(reference_rolling(model, ids(char_tokenizer, text), window), abs=TOL)
+
+
+def test_batching_does_not_change_the_numbers(backbone):
+    pairs = [("a", "b"), ("The quick brown", " fox jumps"), ("x", " = 1 + 2"), ("", "lone"), ("Hello, ", "world")]
+    texts = [LONG_TEXT, "tiny", LONG_TEXT[:70], "mid-sized text here"]
+    one, eight = lm(backbone, batch_size=1), lm(backbone, batch_size=8)
+    for a, b in zip(one.loglikelihood(requests("loglikelihood", *pairs)), eight.loglikelihood(requests("loglikelihood", *pairs))):
+        assert a[0] == pytest.approx(b[0], abs=1e-5) and a[1] == b[1]
+    rolled_one = one.loglikelihood_rolling(requests("loglikelihood_rolling", *texts))
+    rolled_eight = eight.loglikelihood_rolling(requests("loglikelihood_rolling", *texts))
+    assert rolled_one == pytest.approx(rolled_eight, abs=1e-5)
+
+
+def test_same_numbers_as_lm_evals_own_hugging_face_model(model, backbone, char_tokenizer):
+    """lm-eval's HFLM on the same model and tokenizer is the reference implementation."""
+    from lm_eval.models.huggingface import HFLM
+
+    reference = HFLM(pretrained=model, tokenizer=char_tokenizer, max_length=16, batch_size=2, device="cpu")
+    ours = lm(backbone, max_length=16)
+    pairs = [("The cat", " sat on"), ("", "empty"), ("x ", "= 1")]
+    texts = [LONG_TEXT, "short"]
+    for a, b in zip(ours.loglikelihood(requests("loglikelihood", *pairs)),
+                    reference.loglikelihood(requests("loglikelihood", *pairs))):
+        assert a[0] == pytest.approx(b[0], abs=TOL) and a[1] == b[1]
+    assert ours.loglikelihood_rolling(requests("loglikelihood_rolling", *texts)) == pytest.approx(
+        reference.loglikelihood_rolling(requests("loglikelihood_rolling", *texts)), abs=TOL)
+    prompts = [(prompt, {"until": [stop], "max_gen_toks": 8, "do_sample": False})
+               for prompt, stop in (("The", ";"), ("a", "J"), ("import", "n"), ("Hello", "never"))]
+    assert ours.generate_until(requests("generate_until", *prompts)) == reference.generate_until(
+        requests("generate_until", *prompts))
+
+
+# -- generation -------------------------------------------------------------------------------
+
+
+class CountingScorer:
+    """A scorer that counts its forward passes."""
+
+    def __init__(self, scorer):
+        self.inner, self.calls = scorer, 0
+        self.tokenizer, self.device, self.max_length = scorer.tokenizer, scorer.device, scorer.max_length
+
+    def logits(self, input_ids, attention_mask=None):
+        self.calls += 1
+        return self.inner.logits(input_ids, attention_mask)
+
+
+def test_generate_until_stops_at_the_first_stop_string(model, backbone, char_tokenizer):
+    prompt, greedy = printable_greedy_prompt(model, char_tokenizer, 12)
+    text = char_tokenizer.decode(greedy)
+    stop = text[5:7]
+    expected = text[: text.find(stop)]
+    scorer = CountingScorer(load_scorer(backbone))
+    model_lm = DihalLM(scorer, batch_size=4)
+    never = "longer than any output"
+    (stopped,) = model_lm.generate_until(requests("generate_until", (prompt, {"until": [never, stop], "max_gen_toks": 12})))
+    assert stopped == expected
+    # it stopped as soon as the stop string was complete (one token per character)
+    assert scorer.calls == len(expected) + len(stop)
+    (full,) = model_lm.generate_until(requests("generate_until", (prompt, {"until": never, "max_gen_toks": 12})))
+    assert full == text
+
+
+def test_generate_until_batches_contexts_of_different_lengths(model, backbone, char_tokenizer):
+    prompts = ["a", "The longer prompt ", "x = "]
+    options = {"until": [], "max_gen_toks": 5}
+    batched = DihalLM(load_scorer(backbone), batch_size=3).generate_until(
+        requests("generate_until", *[(p, options) for p in prompts]))
+    for prompt, text in zip(prompts, batched):
+        tokens = greedy_tokens(model, ids(char_tokenizer, prompt), 5)
+        assert text == char_tokenizer.decode(tokens[: tokens.index(EOS)] if EOS in tokens else tokens, skip_special_tokens=True)
+
+
+def test_sampled_generation_is_seeded(backbone):
+    options = {"until": [], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
+    first, second, other = (lm(backbone, seed=seed).generate_until(requests("generate_until", ("a", options)))
+                            for seed in (3, 3, 4))
+    assert first == second != other
+
+
+def test_unsupported_generation_option_is_refused(backbone):
+    with pytest.raises(DihalError, match="top_k"):
+        lm(backbone).generate_until(requests("generate_until", ("a", {"until": [], "top_k": 5})))
+
+
+# -- hybrids and bridge checkpoints ------------------------------------------------------------
+
+
+def test_oracle_hybrid_gives_the_backbone_numbers(backbone):
+    from dihal_bench.hybrid import OracleBridge
+
+    pairs = [("The cat", " sat on"), ("", "a mat")]
+    intact = lm(backbone)
+    hybrid = lm(backbone, layer=1, bridge=OracleBridge(backbone, 1))
+    assert hybrid.get_model_info()["dihal_model"] == "tiny+bridge@1"
+    for a, b in zip(intact.loglikelihood(requests("loglikelihood", *pairs)), hybrid.loglikelihood(requests("loglikelihood", *pairs))):
+        assert a[0] == pytest.approx(b[0], abs=TOL) and a[1] == b[1]
+    texts = [LONG_TEXT, "short"]
+    assert intact.loglikelihood_rolling(requests("loglikelihood_rolling", *texts)) == pytest.approx(
+        hybrid.loglikelihood_rolling(requests("loglikelihood_rolling", *texts)), abs=TOL)
+
+
+def tiny_bridge(width: int) -> DihalBridge:
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        return DihalBridge(width, d_model=16, layers=1, heads=2, steps=2, max_len=48)
+
+
+def test_bridge_checkpoint_round_trip_and_model_args(tmp_path, backbone, char_tokenizer):
+    bridge = tiny_bridge(backbone.width)
+    save_bridge_checkpoint(bridge, "dihal-bridge", 1, backbone.name, tmp_path / "ckpt")
+    meta = json.loads((tmp_path / "ckpt" / "bridge.json").read_text())
+    assert meta == {"name": "dihal-bridge", "config": bridge.config(), "layer": 1, "backbone": "tiny"}
+
+    loaded, layer = load_bridge_checkpoint(tmp_path / "ckpt", backbone)
+    assert layer == 1
+    for key, value in bridge.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value)
+
+    # the hybrid from lm-eval-style arguments scores with the checkpoint's bridge
+    model = DihalLM.create_from_arg_obj({"backbone": backbone, "bridge": str(tmp_path / "ckpt"), "steps": 2},
+                                        {"batch_size": 2, "device": None})
+    assert model.max_length == 48  # the bridge's positions, below the backbone's 64
+    from dihal_bench.hybrid import HybridLM
+
+    text = "bridged text"
+    expected = torch.log_softmax(HybridLM(backbone, bridge, 1, steps=2).logits(torch.tensor([[EOS] + ids(char_tokenizer, text)]))[0, :-1], -1)
+    expected = sum(expected[t, token].item() for t, token in enumerate(ids(char_tokenizer, text)))
+    assert model.loglikelihood_rolling(requests("loglikelihood_rolling", text)) == [pytest.approx(expected, abs=TOL)]
+
+
+def test_bridge_checkpoint_mismatches_are_refused(tmp_path, backbone):
+    save_bridge_checkpoint(tiny_bridge(backbone.width), "dihal-bridge", 1, "another-model", tmp_path / "other")
+    save_bridge_checkpoint(tiny_bridge(backbone.width + 8), "dihal-bridge", 1, "tiny", tmp_path / "wide")
+    save_bridge_checkpoint(tiny_bridge(backbone.width), "dihal-bridge", 1, "tiny", tmp_path / "ok")
+    with pytest.raises(DihalError, match="trained on backbone 'another-model'"):
+        load_bridge_checkpoint(tmp_path / "other", backbone)
+    with pytest.raises(DihalError, match="width 40"):
+        load_bridge_checkpoint(tmp_path / "wide", backbone)
+    with pytest.raises(DihalError, match="not 1..2"):
+        load_bridge_checkpoint(tmp_path / "ok", backbone, layer=2)
+    with pytest.raises(DihalError, match="bridge.json is missing"):
+        load_bridge_checkpoint(tmp_path, backbone)
+    with pytest.raises(DihalError, match="exceeds the bridge's 48 positions"):
+        load_scorer(backbone, bridge=tmp_path / "ok", max_length=60)
+
+
+def test_model_args_are_checked(backbone):
+    with pytest.raises(DihalError, match="unknown dihal model args layr"):
+        DihalLM.create_from_arg_string("backbone=tiny,layr=2")
+    with pytest.raises(DihalError, match="need backbone"):
+        DihalLM.create_from_arg_string("layer=2")
+    with pytest.raises(DihalError, match="give a bridge checkpoint"):
+        load_scorer(backbone, layer=1)
+    with pytest.raises(DihalError, match="needs the layer"):
+        load_scorer(backbone, bridge=tiny_bridge(backbone.width))
+    with pytest.raises(DihalError, match="positive integer"):
+        DihalLM(load_scorer(backbone), batch_size="auto")
+
+
+# -- lm-eval runs -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def text_corpus(tmp_path) -> str:
+    """A directory of small .txt documents; a few of them fall in the test split."""
+    directory = tmp_path / "docs"
+    directory.mkdir()
+    words = "the cat sat on a mat while dogs ran past slowly".split()
+    for i in range(30):
+        (directory / f"doc{i:02d}.txt").write_text(" ".join(words[(i + k * 3) % len(words)] for k in range(4 + i % 9)))
+    return str(directory)
+
+
+def expected_perplexities(model, tokenizer, corpus: str, window: int) -> dict[str, float]:
+    """lm-eval's three rolling metrics computed here: word and byte perplexity are exp(−Σ log p /
+    Σ words or bytes), bits per byte −Σ log p / (Σ bytes · ln 2); words as lm-eval counts them
+    (pieces between runs of whitespace)."""
+    documents = load_corpus(corpus).split("test")
+    assert documents
+    logprob = sum(reference_rolling(model, ids(tokenizer, d.text), window) for d in documents)
+    words = sum(len(re.split(r"\s+", d.text)) for d in documents)
+    nbytes = sum(len(d.text.encode("utf-8")) for d in documents)
+    return {"word_perplexity": math.exp(-logprob / words), "byte_perplexity": math.exp(-logprob / nbytes),
+            "bits_per_byte": -logprob / nbytes / math.log(2)}
+
+
+def test_simple_evaluate_on_the_local_task_by_registered_name(model, backbone, char_tokenizer, text_corpus, cache):
+    assert get_model("dihal") is DihalLM
+    task = local_task_config(text_corpus)
+    assert task["dataset_kwargs"]["data_files"]["test"].startswith("/")
+    assert local_task_config(text_corpus, max_documents=1)["metadata"]["documents"] == 1
+    results = lm_eval.simple_evaluate(
+        model="dihal", model_args={"backbone": backbone, "max_length": 16}, tasks=[task], batch_size=3,
+        log_samples=False, bootstrap_iters=0, task_manager=TaskManager(include_defaults=False),
+    )["results"]["dihal-local"]
+    expected = expected_perplexities(model, char_tokenizer, text_corpus, 16)
+    for metric, value in expected.items():
+        assert results[f"{metric},none"] == pytest.approx(value, rel=1e-5)
+
+
+def test_run_lm_eval_summarises_and_writes_the_local_task(model, backbone, char_tokenizer, text_corpus, cache, tmp_path):
+    summary = run_lm_eval({"backbone": backbone}, ["dihal-local"], corpus=text_corpus, batch_size=2,
+                          out_dir=tmp_path / "out")
+    expected = expected_perplexities(model, char_tokenizer, text_corpus, CONTEXT)
+    assert summary["results"]["dihal-local"] == pytest.approx(expected, rel=1e-5)
+    assert summary["config"]["model_args"] == {"backbone": "tiny"}
+    assert summary["config"]["model"] == {"dihal_model": "tiny", "max_length": CONTEXT}
+    documents = len(load_corpus(text_corpus).split("test"))
+    assert summary["config"]["samples"]["dihal-local"] == {"original": documents, "effective": documents}
+    assert json.loads((tmp_path / "out" / "lm_eval.json").read_text()) == summary
+
+
+@pytest.fixture
+def user_tasks(tmp_path, monkeypatch) -> list[dict]:
+    """A user's own lm-eval task with local data, a multiple-choice one (so lm-eval calls
+    `loglikelihood`), visible to `run_lm_eval` in place of lm-eval's built-in index (which
+    takes seconds to build and whose tasks' data is not here)."""
+    questions = [
+        {"question": "The cat sat on the", "choices": ["mat", "moon", "x"], "answer": 0},
+        {"question": "1 + 1 =", "choices": ["2", "11", "two"], "answer": 2},
+        {"question": "Hello", "choices": [", world", "!", " there"], "answer": 1},
+    ]
+    data = tmp_path / "tasks" / "tiny_choice.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    task = {
+        "task": "tiny_choice", "dataset_path": "json", "test_split": "test", "output_type": "multiple_choice",
+        "dataset_kwargs": {"data_files": {"test": str(data)}, "cache_dir": str(tmp_path / "datasets")},
+        "doc_to_text": "{{question}}", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
+        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }
+    (data.parent / "tiny_choice.yaml").write_text(json.dumps(task))  # JSON is YAML
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager",
+                        lambda include_defaults: TaskManager(include_path=str(data.parent), include_defaults=False))
+    return questions
+
+
+def test_run_lm_eval_runs_a_users_task_with_local_data(model, backbone, char_tokenizer, user_tasks, cache):
+    summary = run_lm_eval({"backbone": backbone}, ["tiny_choice"], batch_size=4)
+    correct = 0
+    for q in user_tasks:
+        # lm-eval joins question and choice with a space, which belongs to the continuation
+        scores = [direct_loglikelihood(model, ids(char_tokenizer, q["question"]), ids(char_tokenizer, " " + c))
+                  for c in q["choices"]]
+        correct += scores.index(max(scores)) == q["answer"]
+    assert summary["results"] == {"tiny_choice": {"acc": correct / len(user_tasks)}}
+    assert summary["config"]["corpus"] is None
+
+
+def test_unknown_task_is_refused_before_the_model_loads(user_tasks):
+    with pytest.raises(DihalError, match="unknown lm-eval task.*no-such-task"):
+        run_lm_eval("backbone=no-such-backbone", ["tiny_choice", "no-such-task"])
+
+
+def test_without_lm_eval_the_module_imports_and_explains(monkeypatch, backbone):
+    """A fresh copy of the module, imported while `lm_eval` cannot be imported."""
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    spec = importlib.util.spec_from_file_location("lm_eval_adapter_without_lm_eval", adapter.__file__)
+    without = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, without)  # dataclasses look their module up there
+    spec.loader.exec_module(without)
+    assert without.lm_eval is None
+    with pytest.raises(DihalError, match=re.escape(INSTALL_HINT)):
+        without.run_lm_eval("backbone=tiny", ["dihal-local"])
+    with pytest.raises(DihalError, match=re.escape(INSTALL_HINT)):
+        without.DihalLM(without.load_scorer(backbone))
+    assert get_model("dihal") is DihalLM  # the registered class is untouched
