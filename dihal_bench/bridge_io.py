@@ -31,6 +31,22 @@ def save_bridge_checkpoint(bridge, name: str, layer: int, backbone_name: str, di
     return directory
 
 
+def read_bridge_meta(directory: str | Path) -> dict:
+    """The checkpoint's ``bridge.json``: bridge plugin name, config, layer and backbone."""
+    meta_path = Path(directory) / CHECKPOINT_META
+    if not meta_path.is_file():
+        raise DihalError(f"{directory} is not a bridge checkpoint: {CHECKPOINT_META} is missing")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta["layer"] = int(meta["layer"])
+        for key in ("name", "config", "backbone"):
+            if key not in meta:
+                raise KeyError(key)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DihalError(f"{meta_path} is not a valid bridge description: {exc!r}") from None
+    return meta
+
+
 def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: int | None = None):
     """``(bridge, layer)`` from a `save_bridge_checkpoint` directory, the bridge in eval mode on
     the backbone's device.
@@ -42,14 +58,8 @@ def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: 
     from dihal_bench.plugins import get_registry
 
     directory = Path(directory)
-    meta_path = directory / CHECKPOINT_META
-    if not meta_path.is_file():
-        raise DihalError(f"{directory} is not a bridge checkpoint: {CHECKPOINT_META} is missing")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        name, config, saved_layer, trained_on = meta["name"], meta["config"], int(meta["layer"]), meta["backbone"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DihalError(f"{meta_path} is not a valid bridge description: {exc!r}") from None
+    meta = read_bridge_meta(directory)
+    name, config, saved_layer, trained_on = meta["name"], meta["config"], meta["layer"], meta["backbone"]
     if trained_on != backbone.name:
         raise DihalError(f"bridge checkpoint {directory} was trained on backbone {trained_on!r}, not {backbone.name!r}")
     if layer is not None and int(layer) != saved_layer:

@@ -269,6 +269,251 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     click.echo(f"wrote run record {path}")
 
 
+# -- training commands: sweep, bridge train, generate, baseline train/sample ---------------------
+
+
+def _budget(sets, seed: int, section: tuple[str, ...], epochs: int | None = None):
+    """The diagnostic suite's budget at ``section`` (its protocol is the default), with
+    ``--set budget.KEY=VALUE`` overrides, ``--epochs`` and the seed applied."""
+    from dihal_bench.budget import Budget
+    from dihal_bench.suite import resolve_suite
+
+    table = resolve_suite("diagnostic")[1]
+    for key in section:
+        table = table[key]
+    overrides = {}
+    for key, value in _parse_assignments(sets, "--set").items():
+        head, dot, field = key.partition(".")
+        if head != "budget" or not dot:
+            raise DihalError(f"--set {key!r}: only budget.KEY=VALUE is accepted here")
+        overrides[field] = value
+    if epochs is not None:
+        overrides["epochs"] = str(epochs)
+    return Budget.from_dict({**table, "seed": seed}).with_overrides(overrides)
+
+
+def _training_options(f):
+    f = click.option("--quiet", is_flag=True, help="No progress bars.")(f)
+    f = click.option("--epochs", type=int, help="Passes allowed over the training sequences (overrides the budget).")(f)
+    f = click.option("--set", "sets", multiple=True, metavar="budget.KEY=VALUE",
+                     help="Budget override, e.g. budget.steps=200.")(f)
+    f = click.option("--seed", type=int, default=0, show_default=True)(f)
+    f = click.option("--corpus", "corpus_name", default="stdlib-docs", show_default=True)(f)
+    f = click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)(f)
+    return f
+
+
+@cli.command()
+@_training_options
+@click.option("--layers", default="auto", show_default=True,
+              help="Comma-separated layers, or 'auto' (about ten spread over the stack, always with ℓ*).")
+@click.option("--eval-sequences", type=int, default=32, show_default=True, help="Validation sequences per layer.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/sweep", show_default=True)
+def sweep(backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, out_dir):
+    """Train one bridge per layer under one protocol; table, rank correlations and plot."""
+    from dihal_bench import sweep as sweep_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.locate import LocateConfig, locate
+
+    budget = _budget(sets, seed, ("sweep", "budget"), epochs)
+    chosen_layers = None if layers == "auto" else _int_list(layers, "--layers")
+    backbone = load_backbone(backbone_name)
+    if chosen_layers is not None:
+        sweep_module.check_layers(backbone, chosen_layers)
+    corpus = load_corpus(corpus_name)
+    located = locate(backbone, corpus, LocateConfig(seed=seed), progress=not quiet)
+    if chosen_layers is None:
+        chosen_layers = sweep_module.auto_layers(backbone.num_layers, located["chosen_layer"])
+    spec = sweep_module.BridgeSpec(budget=budget)
+    result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec, eval_sequences=eval_sequences,
+                                    work_dir=Path(out_dir) / "checkpoints", progress=not quiet)
+    result["correlations"] = sweep_module.layer_correlations(located, result["layers"], seed)
+    result.update(locate=located, budget=budget.to_dict(), backbone=backbone.name, corpus=corpus.name)
+    click.echo(sweep_module.format_sweep(result))
+    for path in sweep_module.write_sweep_outputs(result, Path(out_dir)):
+        click.echo(f"wrote {path}")
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise DihalError(f"{what} {text!r} is not a comma-separated list of integers") from None
+
+
+@cli.group(cls=_Group)
+def bridge():
+    """Train a single DiHAL bridge (one layer)."""
+
+
+@bridge.command("train")
+@_training_options
+@click.option("--layer", type=int, required=True, help="Replace layers 1..LAYER by the bridge.")
+@click.option("--eval-sequences", type=int, default=32, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Checkpoint folder (resumes an interrupted training found there).")
+def bridge_train(backbone_name, corpus_name, seed, sets, epochs, quiet, layer, eval_sequences, out_dir):
+    """Train the DiHAL bridge for one layer, evaluate it, save a safetensors checkpoint."""
+    from dihal_bench import sweep as sweep_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.bridge_io import save_bridge_checkpoint
+    from dihal_bench.corpus import load_corpus
+
+    budget = _budget(sets, seed, ("budget",), epochs)
+    backbone = load_backbone(backbone_name)
+    backbone.check_layer(layer)
+    corpus = load_corpus(corpus_name)
+    spec = sweep_module.BridgeSpec(budget=budget)
+    result = sweep_module.run_sweep(backbone, corpus, [layer], spec, eval_sequences=eval_sequences,
+                                    work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True)
+    trained = result.pop("bridges")[layer]
+    save_bridge_checkpoint(trained, spec.name, layer, backbone.name, Path(out_dir))
+    row = result["layers"][0]
+    _write_json(Path(out_dir) / "train.json", {**result, "budget": budget.to_dict()})
+    click.echo(f"layer {layer}: bridge MSE {row['bridge_mse']:.4f}, R² {row['bridge_r2']:.3f}, hybrid PPL "
+               f"{row['hybrid_ppl']:.2f} (backbone {result['backbone_ppl']:.2f}, skip control {row['skip_ppl']:.1f}), "
+               f"KL {row['kl_to_backbone']:.3f}; {row['steps']} steps in {row['train_seconds']:.0f}s")
+    click.echo(f"wrote checkpoint {out_dir}")
+
+
+@cli.command()
+@click.option("--checkpoint", type=click.Path(file_okay=False), required=True, help="A `bridge train` output folder.")
+@click.option("-n", "count", type=int, default=4, show_default=True, help="Number of samples.")
+@click.option("--max-new-tokens", type=int, default=48, show_default=True)
+@click.option("--temperature", type=float, default=0.8, show_default=True)
+@click.option("--top-p", type=float, default=0.95, show_default=True)
+@click.option("--steps", type=int, help="Bridge sampling steps K (default: the bridge's own).")
+@click.option("--prompt", help="Text to continue (default: unconditional from the start token).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-sink-passthrough", is_flag=True, help="Ablation: let the bridge produce position 0 too.")
+def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, prompt, seed, no_sink_passthrough):
+    """Sample text from a DiHAL hybrid: bridge → upper layers → LM head."""
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
+    from dihal_bench.hybrid import HybridLM
+
+    meta = read_bridge_meta(Path(checkpoint))
+    backbone = load_backbone(meta["backbone"])
+    trained, layer = load_bridge_checkpoint(Path(checkpoint), backbone)
+    hybrid = HybridLM(backbone, trained, layer, sink_passthrough=not no_sink_passthrough, steps=steps)
+    prompt_ids = None
+    if prompt:
+        prompt_ids = backbone.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    ids = hybrid.generate(count, max_new_tokens, prompt_ids=prompt_ids, temperature=temperature, top_p=top_p,
+                          seed=seed, batch_size=count)
+    for i, text in enumerate(backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+        click.echo(f"--- sample {i} (DiHAL ℓ={layer}, {backbone.name}) ---\n{prompt or ''}{text}")
+
+
+@cli.group(cls=_Group)
+def baseline():
+    """Train and sample the baselines (diffusion-lm, sed, ld4lg, codar, ar-backbone)."""
+
+
+def _baseline(name, backbone, budget, seed, options):
+    from dihal_bench.plugins import get_registry
+    from dihal_bench.sweep import BridgeSpec
+
+    cls = get_registry().get("baseline", name).obj
+    if budget.param_allowance is None:  # DiHAL's default bridge sets the allowance, as in the suites
+        budget = budget.replace(param_allowance=BridgeSpec(budget=budget).parameter_count(backbone.width))
+    return cls(backbone, budget, seed, **options)
+
+
+@baseline.command("train")
+@click.argument("name")
+@_training_options
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A baseline option, e.g. embed_dim=32.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Checkpoint folder (default runs/baselines/NAME).")
+def baseline_train(name, backbone_name, corpus_name, seed, sets, epochs, quiet, options, out_dir):
+    """Train baseline NAME under the matched budget; prints its parameter table."""
+    from tabulate import tabulate
+
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.plugins import get_registry
+    from dihal_bench.suite import parse_value
+    from dihal_bench.sweep import packed_split, training_subset
+
+    get_registry().get("baseline", name)
+    budget = _budget(sets, seed, ("budget",), epochs)
+    out = Path(out_dir or Path("runs") / "baselines" / name)
+    backbone = load_backbone(backbone_name)
+    model = _baseline(name, backbone, budget, seed,
+                      {k: parse_value(v) for k, v in _parse_assignments(options, "--option").items()})
+    sequences = training_subset(packed_split(backbone, load_corpus(corpus_name), "train", budget.seq_len),
+                                [model.budget], seed)
+    result = model.fit(sequences, checkpoint_dir=out / "checkpoint", progress=not quiet)
+    model.save(out / "model")
+    counts = model.parameter_counts()
+    rows = [[part, f"{n:,}"] for part, n in counts.items()] + [["total", f"{sum(counts.values()):,}"]]
+    click.echo(tabulate(rows, headers=[name, "trainable parameters"]))
+    allowance = model.budget.param_allowance
+    click.echo(f"allowance {allowance:,} (±{model.budget.allowance_tolerance:.0%}); {result.steps_done} steps, "
+               f"{result.tokens_seen:,} tokens, {result.wall_seconds:.0f}s" if model.in_budget
+               else f"{name} trains nothing (reference outside the budget)")
+    click.echo(f"wrote {out / 'model'}")
+
+
+@baseline.command("sample")
+@click.argument("name")
+@click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)
+@click.option("--from", "out_dir", type=click.Path(file_okay=False), help="Trained folder (default runs/baselines/NAME).")
+@click.option("-n", "count", type=int, default=4, show_default=True)
+@click.option("--seq-len", type=int, default=48, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def baseline_sample(name, backbone_name, out_dir, count, seq_len, seed):
+    """Print samples from a trained baseline NAME."""
+    import json as json_module
+
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.baseline import CONFIG_FILE
+    from dihal_bench.budget import Budget
+
+    folder = Path(out_dir or Path("runs") / "baselines" / name) / "model"
+    if not (folder / CONFIG_FILE).is_file():
+        raise DihalError(f"no trained {name} in {folder}; run `dihal-bench baseline train {name}` first")
+    saved = json_module.loads((folder / CONFIG_FILE).read_text())
+    backbone = load_backbone(backbone_name)
+    model = _baseline(name, backbone, Budget.from_dict(saved["budget"]), saved["seed"], saved["options"])
+    model.load(folder)
+    ids = model.sample(count, seq_len, seed, batch_size=count)
+    for i, text in enumerate(backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+        click.echo(f"--- {name} sample {i} ---\n{text}")
+
+
+@cli.command()
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default="results", show_default=True)
+@click.option("--format", "formats", default="md,csv,html", show_default=True, help="Any of md, csv, html, latex.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="leaderboards", show_default=True)
+def leaderboard(results_dir, formats, out_dir):
+    """Aggregate run records (mean ± std over seeds) into method, layer and proxy tables."""
+    from dihal_bench.leaderboard import build_leaderboards
+
+    paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
+                               warn=lambda message: click.echo(f"Warning: {message}", err=True))
+    click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
+@cli.command("lm-eval")
+@click.option("--model-args", required=True,
+              help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N,batch_size=B]")
+@click.option("--tasks", default="dihal-local", show_default=True,
+              help="Comma-separated lm-eval tasks; dihal-local = rolling perplexity on the corpus's test split.")
+@click.option("--corpus", default="stdlib-docs", show_default=True, help="Corpus of the dihal-local task.")
+@click.option("--limit", type=int, help="At most this many documents per task.")
+@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
+def lm_eval_cmd(model_args, tasks, corpus, limit, batch_size, out_dir):
+    """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
+    from dihal_bench.lm_eval_adapter import run_lm_eval
+
+    summary = run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()], limit=limit,
+                          corpus=corpus, batch_size=batch_size, out_dir=Path(out_dir) if out_dir else None)
+    click.echo(json.dumps(summary["results"], indent=2))
+
+
 def main():
     cli(prog_name="dihal-bench")
 

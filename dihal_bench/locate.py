@@ -134,27 +134,36 @@ def write_outputs(result: dict, out_dir: Path) -> list[Path]:
 
 
 def render_plot(result: dict) -> bytes:
+    def draw(ax):
+        layers = result["layers"]
+        for name, entry in result["proxies"].items():
+            sign = "+" if entry["higher_is_better"] else "−"
+            ax.plot(layers, entry["z"], marker=".", linewidth=1, label=f"z({name}) [{sign}]")
+        ax.plot(layers, result["score"], color="black", linewidth=2.2, label="score S(ℓ)")
+        ax.axvline(result["chosen_layer"], color="crimson", linestyle="--", label=f"ℓ* = {result['chosen_layer']}")
+        ax.set_xlabel("layer ℓ")
+        ax.set_ylabel("z-score across layers")
+        ax.set_title(f"{result['backbone']['name']} on {result['corpus']}: geometry proxies "
+                     f"(N={result['tokens_sampled']}, {result['preprocessing']} preprocessing)")
+        ax.legend(fontsize=8, loc="best")
+
+    return figure_png(draw)
+
+
+def figure_png(draw) -> bytes:
+    """A PNG of one matplotlib axes drawn by ``draw(ax)`` (rendered off-screen, in memory)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    layers = result["layers"]
-    for name, entry in result["proxies"].items():
-        sign = "+" if entry["higher_is_better"] else "−"
-        ax.plot(layers, entry["z"], marker=".", linewidth=1, label=f"z({name}) [{sign}]")
-    ax.plot(layers, result["score"], color="black", linewidth=2.2, label="score S(ℓ)")
-    ax.axvline(result["chosen_layer"], color="crimson", linestyle="--", label=f"ℓ* = {result['chosen_layer']}")
-    ax.set_xlabel("layer ℓ")
-    ax.set_ylabel("z-score across layers")
-    ax.set_title(f"{result['backbone']['name']} on {result['corpus']}: geometry proxies "
-                 f"(N={result['tokens_sampled']}, {result['preprocessing']} preprocessing)")
-    ax.legend(fontsize=8, loc="best")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
+    try:
+        draw(ax)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=120)
+    finally:
+        plt.close(fig)
     return buffer.getvalue()
-

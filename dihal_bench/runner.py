@@ -34,6 +34,7 @@ from dihal_bench.sweep import (
     BridgeSpec,
     SplitTensors,
     auto_layers,
+    layer_correlations,
     distinct_sequences,
     evaluate_layer,
     packed_split,
@@ -257,23 +258,6 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int) -> dict:
         return {"layer": layer, **stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid)}
 
     return run.store.run("sweep-layer", job, work)
-
-
-def layer_correlations(located: dict, rows: list[dict], seed: int) -> dict:
-    """Spearman ρ and Kendall τ (bootstrap 95% CI) of the score and each proxy against
-    −(bridge validation MSE), over the swept layers (DESIGN.md §4.4)."""
-    from dihal_builtin.metrics import rank_correlations
-
-    index = {layer: i for i, layer in enumerate(located["layers"])}
-    swept = [row for row in rows if row["layer"] in index]
-    if len(swept) < 3:
-        return {"warning": f"rank correlations need at least 3 swept layers, got {len(swept)}"}
-    negative_mse = [-row["bridge_mse"] for row in swept]
-    series = {"score": [located["score"][index[row["layer"]]] for row in swept]}
-    for name, entry in located["proxies"].items():
-        sign = 1 if entry["higher_is_better"] else -1
-        series[name] = [sign * entry["values"][index[row["layer"]]] for row in swept]
-    return {name: rank_correlations(values, negative_mse, seed=seed) for name, values in series.items()}
 
 
 def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int) -> dict:

@@ -134,9 +134,28 @@ def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, sp
     }
 
 
+def layer_correlations(located: dict, rows: list[dict], seed: int) -> dict:
+    """Spearman ρ and Kendall τ (bootstrap 95% CI) of the score and each proxy against
+    −(bridge validation MSE), over the swept layers (DESIGN.md §4.4)."""
+    from dihal_builtin.metrics import rank_correlations
+
+    index = {layer: i for i, layer in enumerate(located["layers"])}
+    swept = [row for row in rows if row["layer"] in index]
+    if len(swept) < 3:
+        return {"warning": f"rank correlations need at least 3 swept layers, got {len(swept)}"}
+    negative_mse = [-row["bridge_mse"] for row in swept]
+    series = {"score": [located["score"][index[row["layer"]]] for row in swept]}
+    for name, entry in located["proxies"].items():
+        sign = 1 if entry["higher_is_better"] else -1
+        series[name] = [sign * entry["values"][index[row["layer"]]] for row in swept]
+    return {name: rank_correlations(values, negative_mse, seed=seed) for name, values in series.items()}
+
+
 def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: BridgeSpec, *,
-              eval_sequences: int = 64, work_dir: Path | None = None, progress: bool = True) -> dict:
-    """Train and evaluate one bridge per layer; returns the per-layer table and timings."""
+              eval_sequences: int = 64, work_dir: Path | None = None, progress: bool = True,
+              keep_bridges: bool = False) -> dict:
+    """Train and evaluate one bridge per layer; returns the per-layer table and timings
+    (and the trained bridges under ``"bridges"`` when ``keep_bridges``)."""
     layers = check_layers(backbone, layers)
     seq_len = spec.budget.seq_len
     started = time.perf_counter()
@@ -145,15 +164,73 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len)[:eval_sequences], layers, progress)
     extract_seconds = time.perf_counter() - started
 
-    rows = []
+    rows, bridges = [], {}
     for layer in layers:
         checkpoint = None if work_dir is None else Path(work_dir) / f"bridge-layer{layer}"
         bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)
         rows.append({"layer": layer, **stats, **evaluate_layer(backbone, bridge, layer, spec, valid)})
+        if keep_bridges:
+            bridges[layer] = bridge
     return {
+        **({"bridges": bridges} if keep_bridges else {}),
         "layers": rows,
         "backbone_ppl": teacher_forced_nll(backbone.logits, valid.sequences, 16)["ppl"],
         "train_sequences": len(train_data.sequences),
         "eval_sequences": len(valid.sequences),
         "extract_seconds": extract_seconds,
     }
+
+
+SWEEP_COLUMNS = ["layer", "score", "bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl",
+                 "train_seconds"]
+
+
+def sweep_table(result: dict) -> list[dict]:
+    """The layer table: each swept layer's geometry score (from locate) beside its bridgeability."""
+    located = result["locate"]
+    score = dict(zip(located["layers"], located["score"]))
+    return [{"layer": row["layer"], "score": score.get(row["layer"]),
+             **{key: row[key] for key in SWEEP_COLUMNS[2:]}} for row in result["layers"]]
+
+
+def format_sweep(result: dict) -> str:
+    from tabulate import tabulate
+
+    lines = [tabulate(sweep_table(result), headers="keys", floatfmt=".4g"),
+             f"backbone validation PPL {result['backbone_ppl']:.2f}; ℓ* = {result['locate']['chosen_layer']}"]
+    for name, corr in result["correlations"].items():
+        if name == "warning":
+            lines.append(f"rank correlations: {corr}")
+        else:
+            lines.append(f"{name:>22}: Spearman ρ {corr['spearman']:+.2f} [{corr['spearman_low']:+.2f}, "
+                         f"{corr['spearman_high']:+.2f}], Kendall τ {corr['kendall']:+.2f} "
+                         f"[{corr['kendall_low']:+.2f}, {corr['kendall_high']:+.2f}] vs −(bridge MSE)")
+    return "\n".join(lines)
+
+
+def write_sweep_outputs(result: dict, out_dir: Path) -> list[Path]:
+    """sweep.json, sweep.csv and sweep.png (score vs bridge MSE), rendered first, then written atomically."""
+    import io
+
+    import pandas as pd
+
+    from dihal_bench.locate import figure_png
+    from dihal_bench.records import write_bytes_atomic, write_json_atomic, write_text_atomic
+
+    table = sweep_table(result)
+    csv_text = pd.DataFrame(table).to_csv(index=False)
+
+    def draw(ax):
+        ax.scatter([r["score"] for r in table], [r["bridge_mse"] for r in table], color="tab:blue")
+        for r in table:
+            ax.annotate(f"ℓ={r['layer']}", (r["score"], r["bridge_mse"]), textcoords="offset points", xytext=(4, 4))
+        ax.set_xlabel("geometry score S(ℓ)")
+        ax.set_ylabel("bridge validation MSE (standardised)")
+        ax.set_title(f"{result['backbone']}: does the geometry score predict bridgeability?")
+
+    png = figure_png(draw)
+    paths = [Path(out_dir) / name for name in ("sweep.json", "sweep.csv", "sweep.png")]
+    write_json_atomic(paths[0], result)
+    write_text_atomic(paths[1], csv_text)
+    write_bytes_atomic(paths[2], png)
+    return paths
