@@ -47,5 +47,12 @@ class JobStore:
         write_json_atomic(done, {"kind": kind, "spec": spec, "result": result})
         return result
 
+    def relative(self, path: Path) -> str:
+        """A path inside the store as results record it: relative, so a store can be moved."""
+        return str(Path(path).relative_to(self.root))
+
+    def resolve(self, relative: str) -> Path:
+        return Path(self.root) / relative
+
     def is_done(self, kind: str, spec: dict) -> bool:
         return (self.folder(kind, spec) / RESULT).exists()

@@ -49,8 +49,8 @@ METHOD_VALUES = (
 )
 #: Method columns derived from more than one record field.
 METHOD_DERIVED = (("mauve_samples", "MAUVE samples"), ("trainable_params", "Trainable params"))
-#: Method columns that count things fixed by the configuration: shown as plain integers.
-COUNT_COLUMNS = {"mauve_samples", "trainable_params", "steps", "tokens_seen", "n"}
+#: Columns that count things fixed by the configuration: shown as plain integers.
+COUNT_COLUMNS = {"mauve_samples", "trainable_params", "steps", "tokens_seen", "swept_layers"}
 #: Order of the method table's columns (lm-eval columns, when records have them, follow).
 METHOD_ORDER = ("gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "mauve", "mauve_samples",
                 "latency_ms_per_token", "latency_ratio", "trainable_params", "steps", "tokens_seen")
@@ -64,7 +64,9 @@ SWEEP_VALUES = {
     "skip_ppl": "Skip PPL",
 }
 #: Rank-correlation keys, as `dihal_builtin.metrics.rank_correlations` returns them.
-CORRELATION_VALUES = ("spearman", "spearman_low", "spearman_high", "kendall", "kendall_low", "kendall_high", "n")
+CORRELATION_VALUES = ("spearman", "spearman_low", "spearman_high", "kendall", "kendall_low", "kendall_high")
+#: The kinds of flat rows a record is read into.
+ROW_KINDS = ("methods", "layers", "proxies", "z")
 
 DIHAL_ROLES = {"chosen": ("DiHAL", "ℓ*"), "worst": ("DiHAL worst", "ℓ"), "oracle": ("DiHAL oracle", "ℓ")}
 
@@ -103,7 +105,7 @@ class Group:
     evaluator: str
     corpora: set[str] = field(default_factory=set)
     sources: dict[str, list[int]] = field(default_factory=dict)  # record file name -> its seeds
-    rows: dict[str, list[dict]] = field(default_factory=lambda: {"methods": [], "layers": [], "proxies": [], "z": []})
+    rows: dict[str, list[dict]] = field(default_factory=lambda: {kind: [] for kind in ROW_KINDS})
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -154,19 +156,21 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
     record's seeds and its notes (why a seed has no rank correlations)."""
     if not record["per_seed"]:
         raise ValueError("per_seed is empty")
-    rows: dict[str, list[dict]] = {"methods": [], "layers": [], "proxies": [], "z": []}
+    rows: dict[str, list[dict]] = {kind: [] for kind in ROW_KINDS}
     seeds, notes = [], []
     for entry in record["per_seed"]:
         seed = int(entry["seed"])
         seeds.append(seed)
         tag = {"record": source, "seed": seed}
-        rows["methods"] += [{**tag, "method": name, **method_values(method)} for name, method in entry["methods"].items()]
+        rows["methods"] += [{**tag, "method": name, **method_values(method)}
+                            for name, method in entry["methods"].items()]
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
         rows["layers"] += [{**tag, **row} for row in layers]
         rows["z"] += [{**tag, **row} for row in z]
         for name, values in entry["sweep"]["correlations"].items():
             if isinstance(values, dict):
-                rows["proxies"].append({**tag, "proxy": name, **{key: values.get(key) for key in CORRELATION_VALUES}})
+                estimates = {key: _number(values.get(key)) for key in CORRELATION_VALUES}
+                rows["proxies"].append({**tag, "proxy": name, **estimates, "swept_layers": _number(values.get("n"))})
             else:  # {"warning": why there are none}
                 notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
     return rows, seeds, notes
@@ -177,13 +181,13 @@ def method_values(method: dict) -> dict:
     for key, _, (section, name) in METHOD_VALUES:
         values[key] = _number((method.get(section) or {}).get(name))
     metrics = method.get("metrics") or {}
-    # The record merges each metric's result into one dict, and MAUVE's `n` (its sample
-    # count) comes after entropy's: it is MAUVE's whenever MAUVE ran.
+    # The record merges every metric's result into one dict, so `n` is the last metric's
+    # count; the suites list MAUVE last, so when MAUVE ran `n` is its sample count.
     values["mauve_samples"] = _number(metrics.get("n")) if "mauve" in metrics else math.nan
     values["trainable_params"] = float(sum(method["parameters"].values()))
     for task, results in (method.get("lm_eval") or {}).items():
         for metric, value in results.items():
-            if _number(value) == _number(value):  # numbers only: lm-eval also reports aliases
+            if not math.isnan(_number(value)):  # numbers only: lm-eval also reports aliases
                 values[f"lm_eval/{task}/{metric}"] = _number(value)
     return values
 
@@ -210,7 +214,7 @@ def layer_values(locate: dict, sweep_rows: list[dict]) -> tuple[list[dict], list
 
 
 def _number(value) -> float:
-    """A record value as a float; NaN for anything that is not a finite-or-infinite number."""
+    """A record value as a float; NaN for anything that is not a number (None, text, bool)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return math.nan
@@ -225,7 +229,8 @@ def summarise(rows: pd.DataFrame, by: str, columns: list[str], *, sort: bool = F
     Columns come out flat as ``<column>_mean``, ``<column>_std``, ``<column>_n``; rows keep
     first-seen order unless ``sort``.
     """
-    stats = rows[[by, *columns]].astype({c: float for c in columns}).groupby(by, sort=sort).agg(["mean", "std", "count"])
+    numeric = rows[[by, *columns]].astype({column: float for column in columns})
+    stats = numeric.groupby(by, sort=sort).agg(["mean", "std", "count"])
     stats.columns = [f"{column}_{'n' if stat == 'count' else stat}" for column, stat in stats.columns]
     return stats
 
@@ -245,7 +250,7 @@ def _exponent(x: float) -> int:
 
 
 def format_number(x: float) -> str:
-    """Four significant figures; scientific notation outside [1e-3, 1e6)."""
+    """Four significant figures (whole numbers in full), scientific notation outside [1e-3, 1e6)."""
     if x == 0 or 1e-3 <= abs(x) < 1e6:
         return f"{x:.{max(0, 3 - _exponent(x))}f}"
     return f"{x:.3e}"
@@ -254,7 +259,7 @@ def format_number(x: float) -> str:
 def format_mean_std(mean: float, std: float) -> str:
     """``mean ± std`` with the std to two significant figures and the mean to the same digit
     (capped at six decimals); a lone value (std undefined) to four significant figures."""
-    if not math.isfinite(std):
+    if not (math.isfinite(std) and math.isfinite(mean)):
         return format_number(mean)
     if std == 0:
         return f"{format_number(mean)} ± 0"
@@ -269,7 +274,7 @@ def format_cell(mean: float, std: float, n: int, *, count: bool = False) -> str:
     """``mean ± std (n=k seeds)``; a count that does not vary is shown as the bare integer."""
     if n == 0:
         return "—"
-    if count and not std:  # std is 0, or NaN for n=1
+    if count and (n == 1 or std == 0):
         return f"{mean:,.0f}"
     return f"{format_mean_std(mean, std)} (n={n} seed{'s' if n != 1 else ''})"
 
@@ -345,17 +350,17 @@ def layer_table(group: Group) -> Table:
 
 
 def proxy_table(group: Group) -> Table:
-    columns = list(CORRELATION_VALUES)
+    columns = [*CORRELATION_VALUES, "swept_layers"]
     rows = group.rows["proxies"]
     frame = pd.DataFrame(rows, columns=["record", "seed", "proxy", *columns])
     stats = summarise(frame, "proxy", columns)
     names = ["score (combined S(ℓ))" if proxy == "score" else proxy for proxy in stats.index]
     shown = pd.DataFrame({"Proxy": names}, index=stats.index)
-    for key, header in (("spearman", "Spearman ρ"), ("kendall", "Kendall τ")):
+    for key, header, symbol in (("spearman", "Spearman ρ", "ρ"), ("kendall", "Kendall τ", "τ")):
         shown[header] = cells(stats, {key: header})[header]
-        shown[f"{header[-1]} 95% CI (mean bounds)"] = [
+        shown[f"{symbol} 95% CI (mean bounds)"] = [
             _interval(low, high) for low, high in zip(stats[f"{key}_low_mean"], stats[f"{key}_high_mean"])]
-    shown["Swept layers"] = cells(stats, {"n": "n"})["n"]
+    shown["Swept layers"] = cells(stats, {"swept_layers": "Swept layers"})["Swept layers"]
     note = " ".join([PROXIES_NOTE, *group.notes])
     return Table("proxies", "Proxies", note, stats.reset_index(), shown.reset_index(drop=True))
 
@@ -390,20 +395,20 @@ def render_csv(table: Table, group: Group) -> str:
     return table.numbers.to_csv(index=False)
 
 
-def table_html(table: Table, heading: str = "h2") -> str:
-    return (f"<{heading}>{html.escape(table.title)}</{heading}>\n"
+def table_html(table: Table, heading: str, title: str) -> str:
+    return (f"<{heading}>{html.escape(title)}</{heading}>\n"
             f"<p class=\"note\">{html.escape(CELL_NOTE)} {html.escape(table.note)}</p>\n"
             f"{table.cells.to_html(index=False, border=0, classes='leaderboard')}\n")
 
 
 def render_html(table: Table, group: Group) -> str:
-    body = f"<p>{html.escape(provenance(group.sources))}</p>\n{table_html(table)}"
-    return html_page(f"{table.title}: {group.title}", body)
+    title = f"{table.title}: {group.title}"
+    return html_page(title, f"<p>{html.escape(provenance(group.sources))}</p>\n{table_html(table, 'h1', title)}")
 
 
 #: Unicode in cells and headers -> LaTeX (text mode).
-LATEX_SYMBOLS = {"±": r"$\pm$", "ℓ": r"$\ell$", "∈": r"$\in$", "ρ": r"$\rho$", "τ": r"$\tau$", "Σ": r"$\Sigma$",
-                 "↓": r"$\downarrow$", "↑": r"$\uparrow$", "²": r"$^2$", "—": "---", "·": r"\textperiodcentered{}"}
+LATEX_SYMBOLS = {"±": r"$\pm$", "ℓ": r"$\ell$", "∈": r"$\in$", "ρ": r"$\rho$", "τ": r"$\tau$",
+                 "↓": r"$\downarrow$", "↑": r"$\uparrow$", "²": r"$^2$", "—": "---"}
 
 
 def render_latex(table: Table, group: Group) -> str:
@@ -433,7 +438,7 @@ def html_page(title: str, body: str) -> str:
     """A self-contained page: inline style, no scripts, nothing fetched from elsewhere."""
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{PAGE_STYLE}</style>\n</head>\n<body>\n"
-            f"<h1>{html.escape(title)}</h1>\n{body}</body>\n</html>\n")
+            f"{body}</body>\n</html>\n")
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -444,6 +449,10 @@ def _figure():
 
     figure = Figure(figsize=(7, 4.5), dpi=100, layout="constrained")
     return figure, figure.subplots()
+
+
+def _title(axes, title: str, group: Group) -> None:
+    axes.set_title(f"{title}\n{group.title}", fontsize="medium")
 
 
 def _png(figure) -> bytes:
@@ -463,13 +472,15 @@ def plot_proxies(group: Group) -> bytes | None:
     for key in [*keys[1:], "score"]:
         mean, std = stats[f"{key}_mean"], stats[f"{key}_std"].fillna(0)
         score = key == "score"
-        axes.plot(stats.index, mean, label="S(ℓ) (score)" if score else key, linewidth=2.5 if score else 1.2,
-                  color="black" if score else None)
-        axes.fill_between(stats.index, mean - std, mean + std, alpha=0.15, color="black" if score else None)
+        (line,) = axes.plot(stats.index, mean, label="S(ℓ) (score)" if score else key,
+                            linewidth=2.5 if score else 1.2, color="black" if score else None)
+        axes.fill_between(stats.index, mean - std, mean + std, alpha=0.15, color=line.get_color())
     for layer in sorted({row["layer"] for row in group.rows["layers"] if row["chosen"]}):
         axes.axvline(layer, linestyle=":", color="grey")
-        axes.annotate(f"ℓ*={layer}", (layer, 1), xycoords=("data", "axes fraction"), va="top", ha="left")
-    axes.set(xlabel="layer ℓ", ylabel="z-score", title=f"Locate proxies vs layer: {group.title}")
+        axes.annotate(f"ℓ*={layer}", (layer, 0.98), xycoords=("data", "axes fraction"), xytext=(3, 0),
+                      textcoords="offset points", va="top")
+    axes.set(xlabel="layer ℓ", ylabel="z-score")
+    _title(axes, "Locate proxies vs layer (mean ± std over seeds)", group)
     axes.legend(fontsize="small")
     return _png(figure)
 
@@ -486,8 +497,8 @@ def plot_score_vs_bridge(group: Group) -> bytes | None:
     for layer, row in stats.iterrows():
         axes.annotate(f"ℓ={layer}", (row["score_mean"], row["bridge_mse_mean"]), textcoords="offset points",
                       xytext=(4, 4), fontsize="small")
-    axes.set(xlabel="locate score S(ℓ)", ylabel="bridge validation MSE (standardised)",
-             title=f"Score vs bridge loss: {group.title}")
+    axes.set(xlabel="locate score S(ℓ)", ylabel="bridge validation MSE (standardised)")
+    _title(axes, "Score vs bridge loss per swept layer", group)
     return _png(figure)
 
 
@@ -499,20 +510,23 @@ def plot_ppl_vs_diversity(group: Group) -> bytes | None:
     if table.empty:
         return None
     figure, axes = _figure()
+    labels: dict[tuple[float, float], list[str]] = {}  # methods at the same point share one label
     for _, row in table.iterrows():
+        point = (row["diversity_mean"], row["gen_ppl_mean"])
+        labels.setdefault(point, []).append(row["name"])
         reference = row["budget"] != "matched"
-        axes.scatter(row["diversity_mean"], row["gen_ppl_mean"], marker="s" if reference else "o",
+        axes.scatter(*point, marker="s" if reference else "o",
                      facecolors="none" if reference else None, edgecolors="black" if reference else None)
-        axes.annotate(row["name"], (row["diversity_mean"], row["gen_ppl_mean"]), textcoords="offset points",
-                      xytext=(4, 4), fontsize="small")
-    points = list(zip(table["diversity_mean"], table["gen_ppl_mean"]))
+    for point, names in labels.items():
+        axes.annotate(" / ".join(names), point, textcoords="offset points", xytext=(4, 4), fontsize="small")
+    points = list(labels)
     front = sorted(points[i] for i in pareto_front(points))
-    axes.step([d for d, _ in front], [p for _, p in front], where="post", color="grey", linestyle="--",
-              label="frontier")
+    if len(front) > 1:
+        axes.plot([d for d, _ in front], [p for _, p in front], color="grey", linestyle="--", label="Pareto frontier")
+        axes.legend(fontsize="small")
     axes.set_yscale("log")
-    axes.set(xlabel="diversity (∏ₙ distinct n-grams, n=2..4)", ylabel="Gen.PPL (corpus-level, log scale)",
-             title=f"Gen.PPL vs diversity (□ = reference outside budget): {group.title}")
-    axes.legend(fontsize="small")
+    axes.set(xlabel="diversity (∏ of distinct n-gram ratios, n=2, 3, 4)", ylabel="Gen.PPL (corpus-level, log scale)")
+    _title(axes, "Gen.PPL vs diversity per method (□ = reference outside budget)", group)
     return _png(figure)
 
 
@@ -549,7 +563,7 @@ def check_formats(formats: Iterable[str]) -> list[str]:
     return formats
 
 
-def render_group(group: Group, formats: list[str]) -> tuple[dict[str, bytes], list[tuple[Table, str]], dict[str, bytes]]:
+def render_group(group: Group, formats: list[str]) -> tuple[dict[str, bytes], list[Table], dict[str, bytes]]:
     """A group's files (relative path -> bytes), its tables and its plots."""
     files: dict[str, bytes] = {}
     built = tables(group)
@@ -571,7 +585,8 @@ def render_index(groups: list[Group], files: dict[str, bytes]) -> str:
              "| Suite | Backbone | Evaluator | Corpus | Records | Seeds | Files |",
              "|---|---|---|---|---|---|---|"]
     for group in groups:
-        links = ", ".join(f"[{Path(path).name}]({path})" for path in files if path.startswith(f"{group.folder}/"))
+        links = ", ".join(f"[{Path(path).name}]({path})" for path in files
+                          if path.startswith(f"{group.folder}/") and path.endswith((".md", ".png")))
         seeds = sum(len(s) for s in group.sources.values())
         lines.append(f"| {group.suite} | {group.backbone} | {group.evaluator} | {', '.join(sorted(group.corpora))} "
                      f"| {', '.join(group.sources)} | {seeds} | {links} |")
@@ -585,14 +600,14 @@ def render_page(groups: list[Group], rendered: list[tuple[list[Table], dict[str,
         parts.append(f"<section>\n<h2>{html.escape(group.title)}</h2>\n"
                      f"<p>Corpus: {html.escape(', '.join(sorted(group.corpora)))}. "
                      f"{html.escape(provenance(group.sources))}</p>\n")
-        parts += [table_html(table, "h3") for table in built]
+        parts += [table_html(table, "h3", table.title) for table in built]
         for stem, png in plots.items():
             caption = html.escape(PLOTS[stem][1])
             data = base64.b64encode(png).decode("ascii")
             parts.append(f"<figure><img src=\"data:image/png;base64,{data}\" alt=\"{caption}\">"
                          f"<figcaption>{caption}</figcaption></figure>\n")
         parts.append("</section>\n")
-    return html_page("dihal-bench leaderboard", "".join(parts))
+    return html_page("dihal-bench leaderboard", "<h1>dihal-bench leaderboard</h1>\n" + "".join(parts))
 
 
 def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] = ("md", "csv", "html"), *,

@@ -274,13 +274,13 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
         save_bridge_checkpoint(bridge, spec.name, layer, run.backbone.name, folder / "bridge")
         valid = run.valid_states(spec.budget.seq_len)
         return {**stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid),
-                "checkpoint": str(folder / "bridge")}
+                "checkpoint": run.store.relative(folder / "bridge")}
 
     trained = run.store.run("dihal-train", train_job, train_work)
     sampling = config["sampling"]
 
     def sample_work(folder: Path) -> dict:
-        bridge, _ = load_bridge_checkpoint(Path(trained["checkpoint"]), run.backbone, layer=layer)
+        bridge, _ = load_bridge_checkpoint(run.store.resolve(trained["checkpoint"]), run.backbone, layer=layer)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough,
                           steps=spec.sample_steps)
         ids = hybrid.generate(sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"],
@@ -313,13 +313,13 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
                 "tokens_seen": result.tokens_seen, "train_seconds": result.wall_seconds,
                 "final_loss": (sum(result.losses[-10:]) / len(result.losses[-10:])) if result.losses else None,
                 "sampling_options": baseline.sampling_options(), "in_budget": baseline.in_budget,
-                "model_dir": str(folder / "model")}
+                "model_dir": run.store.relative(folder / "model")}
 
     trained = run.store.run("baseline-train", train_job, train_work)
 
     def sample_work(folder: Path) -> dict:
         baseline = build()
-        baseline.load(Path(trained["model_dir"]))
+        baseline.load(run.store.resolve(trained["model_dir"]))
         ids = baseline.sample(sampling["samples"], sampling["seq_len"], seed, batch_size=sampling["batch_size"],
                               progress=run.progress)
         return write_samples(run, folder, ids)
@@ -334,16 +334,16 @@ def write_samples(run: Run, folder: Path, ids: torch.Tensor) -> dict:
     texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
     path = folder / "samples.jsonl"
     path.write_text("".join(json.dumps({"text": t, "token_ids": i}) + "\n" for t, i in zip(texts, ids.tolist())))
-    return {"path": str(path), "count": len(texts)}
+    return {"path": run.store.relative(path), "count": len(texts)}
 
 
-def read_samples(path: str) -> tuple[list[str], list[list[int]]]:
+def read_samples(path: Path) -> tuple[list[str], list[list[int]]]:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     return [r["text"] for r in rows], [r["token_ids"] for r in rows]
 
 
 def compute_metrics(run: Run, name: str, method: dict, references: list[str], seed: int) -> dict:
-    texts, ids = read_samples(method["samples"]["path"])
+    texts, ids = read_samples(run.store.resolve(method["samples"]["path"]))
     samples = SampleSet(method=name, texts=texts, token_ids=ids)
     context = MetricContext(evaluator=run.evaluator, references=references, seed=seed,
                             max_length=run.config["metrics"]["max_length"])
@@ -363,14 +363,14 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
     generators = {}
     for name, method in methods.items():
         if method["kind"] == "dihal":
-            bridge, _ = load_bridge_checkpoint(Path(method["train"]["checkpoint"]), run.backbone)
+            bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone)
             hybrid = HybridLM(run.backbone, bridge, method["layer"], sink_passthrough=spec.sink_passthrough,
                               steps=spec.sample_steps)
             generators[name] = lambda n, h=hybrid: h.generate(n, length, seed=seed, batch_size=n)
         else:
             baseline = get_registry().get("baseline", name).obj(run.backbone, budget, seed,
                                                                 **baseline_options(run, name))
-            baseline.load(Path(method["train"]["model_dir"]))
+            baseline.load(run.store.resolve(method["train"]["model_dir"]))
             generators[name] = lambda n, b=baseline: b.sample(n, length, seed, batch_size=n)
     results = {}
     for name, generate in tqdm(generators.items(), desc="latency", disable=not run.progress, leave=False):

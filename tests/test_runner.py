@@ -1,0 +1,234 @@
+"""The suite runner: suites as data, overrides, resumable jobs, run records; a tiny suite end to
+end on a random-weight model, a resume after kill -9, and the real `smoke` suite (integration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dihal_bench.errors import DihalError
+from dihal_bench.jobs import JobStore, spec_hash
+from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
+
+WORDS = "the of and a to in is was that for on are with as by at from this be or an which not".split()
+
+
+# --- suites and overrides ---------------------------------------------------------------------
+
+
+def test_builtin_suites_resolve_with_every_key_known():
+    for name in ("smoke", "diagnostic", "paper"):
+        resolved_name, config = resolve_suite(name)
+        assert resolved_name == name and config["description"]
+    assert resolve_suite("paper")[1]["dtype"] == "bfloat16"
+
+
+def test_overrides_are_typed_and_unknown_keys_are_refused():
+    _, config = resolve_suite("smoke")
+    changed = apply_overrides(config, {"budget.steps": "12", "sampling.temperature": "0.5",
+                                       "sweep.layers": "[2, 4]", "evaluator": "gemma3-270m"})
+    assert changed["budget"]["steps"] == 12 and changed["sampling"]["temperature"] == 0.5
+    assert changed["sweep"]["layers"] == [2, 4] and changed["evaluator"] == "gemma3-270m"
+    assert config["budget"]["steps"] != 12  # the resolved suite itself is untouched
+    with pytest.raises(DihalError, match="unknown suite key 'sampling.temprature'"):
+        apply_overrides(config, {"sampling.temprature": "0.5"})
+    with pytest.raises(DihalError, match="unknown suite 'nope'"):
+        resolve_suite("nope")
+
+
+def test_a_suite_file_with_a_typo_names_the_key(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('description = "x"\n[locate]\ntokenz = 5\n')
+    with pytest.raises(DihalError, match=r"mine.toml: unknown suite key 'locate.tokenz'"):
+        load_suite_file(path)
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+def test_job_store_runs_once_and_reuses_the_result(tmp_path):
+    store = JobStore(tmp_path)
+    calls = []
+
+    def work(folder):
+        calls.append(folder)
+        return {"value": 42}
+
+    assert store.run("kind", {"a": 1}, work) == {"value": 42}
+    assert store.run("kind", {"a": 1}, work) == {"value": 42}
+    assert len(calls) == 1
+    store.run("kind", {"a": 2}, work)
+    assert len(calls) == 2
+    assert spec_hash("kind", {"a": 1, "b": 2}) == spec_hash("kind", {"b": 2, "a": 1})
+
+
+def test_job_store_redoes_a_job_whose_result_is_unreadable(tmp_path):
+    store = JobStore(tmp_path)
+    store.run("kind", {"a": 1}, lambda folder: {"value": 1})
+    (store.folder("kind", {"a": 1}) / "result.json").write_text("{truncated")
+    assert store.run("kind", {"a": 1}, lambda folder: {"value": 2}) == {"value": 2}
+
+
+def test_a_failed_job_leaves_no_result(tmp_path):
+    store = JobStore(tmp_path)
+
+    def broken(folder):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        store.run("kind", {"a": 1}, broken)
+    assert not store.is_done("kind", {"a": 1})
+
+
+# --- a whole suite on a tiny random-weight model ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory, tiny_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("suite")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    rng = random.Random(1)
+    for i in range(80):
+        (corpus / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(60)))
+    suite = root / "tiny.toml"
+    suite.write_text(f'''
+description = "tiny end-to-end suite for tests"
+backbone = "{tiny_model_dir}"
+corpus = "{corpus}"
+evaluator = "{tiny_model_dir}"
+seeds = [0]
+[locate]
+tokens = 200
+seq_len = 32
+proxies = ["global_monotonicity", "effective_rank"]
+[sweep]
+layers = "auto"
+count = 3
+eval_sequences = 4
+budget = {{ steps = 4, batch_size = 4, seq_len = 16 }}
+[budget]
+steps = 6
+batch_size = 4
+seq_len = 16
+[bridge]
+options = {{ d_model = 32, layers = 1, heads = 2 }}
+sample_steps = 2
+[methods]
+dihal = ["chosen", "worst", "oracle"]
+baselines = ["ar-backbone"]
+[sampling]
+samples = 4
+seq_len = 8
+batch_size = 2
+[metrics]
+names = ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
+mauve = false
+latency_repeats = 1
+''')
+    return suite
+
+
+def run_cli(*args: str, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
+    command = [sys.executable, "-m", "dihal_bench.cli", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if popen:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def comparable(record: dict) -> list[dict]:
+    """The per-seed results without wall-clock measurements, which differ run to run."""
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()
+                    if k not in ("latency", "timings", "train_seconds", "wall_seconds")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+    return strip(record["per_seed"])
+
+
+def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
+    result = run_cli("run", "--suite", str(tiny_suite), "--out", str(tmp_path / "runs"),
+                     "--results", str(tmp_path / "results"), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    [path] = (tmp_path / "results").glob("tiny-*.json")
+    record = json.loads(path.read_text())
+    assert record["format"] == "dihal-bench/run-record/v1" and record["seeds"] == [0]
+    seed = record["per_seed"][0]
+    assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "ar-backbone"}
+    assert seed["roles"]["chosen"] == seed["locate"]["chosen_layer"]
+    swept = [row["layer"] for row in seed["sweep"]["layers"]]
+    assert seed["roles"]["worst"] in swept and seed["roles"]["oracle"] in swept
+    for name, method in seed["methods"].items():
+        assert method["metrics"]["gen_ppl"] > 1 and method["metrics"]["entropy"] > 0, name
+        assert method["latency"]["batch1_ms_per_token"] > 0
+    assert seed["methods"]["ar-backbone"]["in_budget"] is False
+    assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
+    assert record["environment"]["torch"] and record["config"]["budget"]["steps"] == 6
+
+
+def test_a_killed_run_resumes_without_redoing_jobs_and_gives_the_same_numbers(tiny_suite, tmp_path):
+    common = ["run", "--suite", str(tiny_suite), "--quiet"]
+    whole = run_cli(*common, "--out", str(tmp_path / "a"), "--results", str(tmp_path / "ra"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    jobs = tmp_path / "b" / "tiny" / "jobs"
+    process = run_cli(*common, "--out", str(tmp_path / "b"), "--results", str(tmp_path / "rb"), popen=True)
+    deadline = time.monotonic() + 300
+    while not list(jobs.glob("dihal-train-*/result.json")) and process.poll() is None:
+        assert time.monotonic() < deadline, "the run never finished a DiHAL training job"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    finished = {p.parent.name for p in jobs.glob("*/result.json")}
+    assert finished and not list((tmp_path / "rb").glob("*.json"))  # killed before its record
+
+    before = {name: (jobs / name / "result.json").stat().st_mtime_ns for name in finished}
+    resumed = run_cli(*common, "--out", str(tmp_path / "b"), "--results", str(tmp_path / "rb"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert all((jobs / name / "result.json").stat().st_mtime_ns == before[name] for name in finished)
+    [a] = (tmp_path / "ra").glob("*.json")
+    [b] = (tmp_path / "rb").glob("*.json")
+    assert comparable(json.loads(a.read_text())) == comparable(json.loads(b.read_text()))
+
+
+def test_run_bad_input_is_one_line(tiny_suite, tmp_path):
+    unknown = run_cli("run", "--suite", "nope")
+    assert unknown.returncode == 2 and unknown.stderr.strip().startswith("Error: unknown suite 'nope'")
+    bad_key = run_cli("run", "--suite", str(tiny_suite), "--set", "budget.stepz=3", "--out", str(tmp_path),
+                      "--results", str(tmp_path / "results"))
+    assert bad_key.returncode == 2 and "budget" in bad_key.stderr and "stepz" in bad_key.stderr
+    assert "Traceback" not in bad_key.stderr and not (tmp_path / "results").exists()
+
+
+def test_paper_suite_dry_run_prints_the_plan_without_loading_anything():
+    result = run_cli("run", "--suite", "paper", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "meta-llama/Llama-3.1-8B-Instruct" in result.stdout and "sweep-layer 12/12" in result.stdout
+    assert "GiB" in result.stdout and "est. time" in result.stdout
+
+
+@pytest.mark.integration
+def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
+    result = run_cli("run", "--suite", "smoke", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+                     "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    [path] = (tmp_path / "results").glob("smoke-smollm2-135m-*.json")
+    seed = json.loads(path.read_text())["per_seed"][0]
+    assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "diffusion-lm", "sed", "ld4lg",
+                                    "codar", "ar-backbone"}
+    allowance = seed["budget"]["param_allowance"]
+    for name, method in seed["methods"].items():
+        if method["in_budget"]:
+            assert abs(sum(method["parameters"].values()) - allowance) <= 0.1 * allowance, name
+        assert method["metrics"]["gen_ppl"] > 1
