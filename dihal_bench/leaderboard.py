@@ -30,7 +30,7 @@ import pandas as pd
 
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.records import write_bytes_atomic
-from dihal_bench.runner import RECORD_FORMAT
+from dihal_bench.records import RECORD_FORMAT
 
 #: Output format -> file suffix.
 FORMAT_SUFFIXES = {"md": ".md", "csv": ".csv", "html": ".html", "latex": ".tex"}
@@ -183,7 +183,8 @@ def method_values(method: dict) -> dict:
     metrics = method.get("metrics") or {}
     # The record merges every metric's result into one dict, so `n` is the last metric's
     # count; the suites list MAUVE last, so when MAUVE ran `n` is its sample count.
-    values["mauve_samples"] = _number(metrics.get("n")) if "mauve" in metrics else math.nan
+    # "mauve_n" since records name side values after their metric; "n" in older records
+    values["mauve_samples"] = _number(metrics.get("mauve_n", metrics.get("n"))) if "mauve" in metrics else math.nan
     values["trainable_params"] = float(sum(method["parameters"].values()))
     for task, results in (method.get("lm_eval") or {}).items():
         for metric, value in results.items():

@@ -7,6 +7,9 @@ import os
 import tempfile
 from pathlib import Path
 
+#: the schema tag of a run record (``results/*.json``)
+RECORD_FORMAT = "dihal-bench/run-record/v1"
+
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, then rename over ``path``."""

@@ -29,7 +29,7 @@ from dihal_bench.locate import LocateConfig, locate
 from dihal_bench.metrics import MetricContext, SampleSet
 from dihal_bench.plugins import get_registry
 from dihal_bench.provenance import environment
-from dihal_bench.records import write_json_atomic
+from dihal_bench.records import RECORD_FORMAT, write_json_atomic
 from dihal_bench.sweep import (
     BridgeSpec,
     SplitTensors,
@@ -44,7 +44,6 @@ from dihal_bench.sweep import (
 )
 from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
 
-RECORD_FORMAT = "dihal-bench/run-record/v1"
 
 
 class Run:
@@ -350,7 +349,10 @@ def compute_metrics(run: Run, name: str, method: dict, references: list[str], se
     values = {}
     registry = get_registry()
     for metric in metric_names(run.config):
-        values.update(registry.get("metric", metric).obj(samples, context))
+        # a metric's own value keeps its name; its side values (counts, warnings) are prefixed
+        # with it, so that e.g. entropy's and MAUVE's sample counts cannot overwrite each other
+        for key, value in registry.get("metric", metric).obj(samples, context).items():
+            values[key if key == metric or key.startswith(f"{metric}_") else f"{metric}_{key}"] = value
     return values
 
 

@@ -16,7 +16,7 @@ import pytest
 from dihal_bench import leaderboard
 from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard import build_leaderboards, format_cell, format_mean_std, pareto_front
-from dihal_bench.runner import RECORD_FORMAT
+from dihal_bench.records import RECORD_FORMAT
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 
