@@ -21,9 +21,10 @@ from dihal_bench.suite import resolve_suite
 from dihal_bench.sweep import BridgeSpec
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser with the flags every benchmark takes: --quick, --seed, --json."""
-    parser = argparse.ArgumentParser(description=description)
+def parser(docstring: str) -> argparse.ArgumentParser:
+    """An argument parser described by the first paragraph of the script's docstring, with
+    the flags every benchmark takes: --quick, --seed, --json."""
+    parser = argparse.ArgumentParser(description=" ".join(docstring.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, a check that the script runs (well under a minute), not a measurement")
     parser.add_argument("--seed", type=int, default=0)

@@ -59,7 +59,7 @@ def measure_proxies(states, layers: list[int], proxy_names: list[str], seed: int
 
 
 def main() -> None:
-    parser = common.parser(__doc__.splitlines()[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--backbone", default="smollm2-135m")
     parser.add_argument("--corpus", default="stdlib-docs")
     parser.add_argument("--tokens", type=int, help="N sampled tokens (default 4096; --quick: 256)")
@@ -84,10 +84,10 @@ def main() -> None:
 
     rows = [["(a) extract_sampled", f"{sequences_read} seqs x {args.seq_len}", extract_seconds, 1.0],
             ["(b) proxies, all candidate layers", f"{len(layers)} layers", proxy_seconds, ratio]]
-    rows += [[f"    {name}", f"{len(layers)} layers", seconds, seconds / extract_seconds]
+    rows += [[f"· {name}", f"{len(layers)} layers", seconds, seconds / extract_seconds]
              for name, seconds in per_proxy.items()]
     preprocessing = proxy_seconds - sum(per_proxy.values())
-    rows.append(["    preprocessing and checks", f"{len(layers)} layers", preprocessing, preprocessing / extract_seconds])
+    rows.append(["· preprocessing and checks", f"{len(layers)} layers", preprocessing, preprocessing / extract_seconds])
     print(f"locate on {backbone.name}: N={tokens} tokens, seq_len {args.seq_len}, proxies {', '.join(per_proxy)}")
     print(tabulate(rows, headers=["stage", "work", "seconds", "x (a)"], floatfmt=".3f"))
     print(f"(b)/(a) = {ratio:.2f} (target <= {TARGET_RATIO}): {common.verdict(ratio, TARGET_RATIO)}")

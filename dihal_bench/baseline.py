@@ -36,6 +36,9 @@ class Baseline(ABC):
     name: str = ""
     paper: str = ""
     in_budget: bool = True
+    #: the option that sets the number of diffusion sampling steps, which a suite fills from
+    #: ``sampling.diffusion_steps`` (None: the method has no such steps)
+    steps_option: str | None = None
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         self.backbone = backbone

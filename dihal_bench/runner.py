@@ -397,11 +397,9 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
 
 
 def baseline_options(run: Run, name: str) -> dict:
-    """The suite's sampling steps, for baselines that take a ``steps`` option (the diffusion ones)."""
-    import inspect
-
-    cls = get_registry().get("baseline", name).obj
-    return {"steps": run.config["sampling"]["diffusion_steps"]} if "steps" in inspect.signature(cls).parameters else {}
+    """The suite's sampling steps, for the baselines that have diffusion sampling steps."""
+    option = get_registry().get("baseline", name).obj.steps_option
+    return {option: run.config["sampling"]["diffusion_steps"]} if option else {}
 
 
 def _hash(kind: str, spec: dict) -> str:

@@ -12,6 +12,13 @@ x_1 = c and walks the uniform grid t_k = k/K down to 0 with the bridge posterior
     x_s = x̂₀ + (s/t)·(x_t − x̂₀)  [+ σ·√(s(t−s)/t)·ε when stochastic],
 
 which is the mean (and spread) of a Brownian bridge pinned at x̂₀ and x_t, observed at s.
+
+The denoiser has one addition of ours: a linear path from the condition straight to the
+output (zero at initialisation), x̂₀ = transformer(x_t, t, c) + W·c. Much of h_ℓ at shallow
+layers is a per-token function of the embedding (a per-token linear map from h_0 explains
+R² ≈ 0.65 of h_1 and 0.38 of h_3 on SmolLM2-135M); through the transformer's 256-wide
+bottleneck alone, a short CPU budget learned under half of that (R² 0.21 vs 0.38 at layer
+3 after 150 steps, measured side by side), with the path it matched it.
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ class DihalBridge(HiddenStateBridge):
         self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=True) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model)
         self.out_proj = nn.Linear(d_model, width)
+        self.cond_skip = nn.Linear(width, width)
+        nn.init.zeros_(self.cond_skip.weight)
+        nn.init.zeros_(self.cond_skip.bias)
 
     def config(self) -> dict:
         return {
@@ -77,7 +87,7 @@ class DihalBridge(HiddenStateBridge):
         h = h + self.position(torch.arange(length, device=h.device))
         for block in self.blocks:
             h = block(h)
-        return self.out_proj(self.final_norm(h))
+        return self.out_proj(self.final_norm(h)) + self.cond_skip(c)
 
     def loss(self, cond: Tensor, target: Tensor, mask: Tensor, generator: torch.Generator) -> Tensor:
         """MSE between f's x̂₀ and x₀ (standardised), averaged over the masked tokens,

@@ -144,6 +144,7 @@ class EmbeddingDiffusion(Baseline):
     max_len: int
     steps: int
     trained: bool = False
+    steps_option = "steps"
 
     def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
         return {"ids": sequences.long()}

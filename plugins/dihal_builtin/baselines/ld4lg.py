@@ -249,6 +249,7 @@ class LD4LG(Baseline):
 
     name = "ld4lg"
     paper = "Lovelace et al. 2023, Latent Diffusion for Language Generation, arXiv 2212.09462"
+    steps_option = "steps"
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
