@@ -497,21 +497,36 @@ def leaderboard(results_dir, formats, out_dir):
 
 
 @cli.command("lm-eval")
-@click.option("--model-args", required=True,
-              help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N,batch_size=B]")
+@click.option("--model-args", help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N]")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False, exists=True),
+              help="Instead of --model-args: evaluate METHOD of this run record and add the results to it.")
+@click.option("--method", help="With --record: ar-backbone or a dihal-* method.")
+@click.option("--seed", type=int, help="With --record: which seed's model (default: the first).")
 @click.option("--tasks", default="dihal-local", show_default=True,
               help="Comma-separated lm-eval tasks; dihal-local = rolling perplexity on the corpus's test split.")
-@click.option("--corpus", default="stdlib-docs", show_default=True, help="Corpus of the dihal-local task.")
+@click.option("--corpus", help="Corpus of the dihal-local task (default: the record's, else stdlib-docs).")
 @click.option("--limit", type=int, help="At most this many documents per task.")
 @click.option("--batch-size", type=int, default=4, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
-def lm_eval_cmd(model_args, tasks, corpus, limit, batch_size, out_dir):
+def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir):
     """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
-    from dihal_bench.lm_eval_adapter import run_lm_eval
+    from dihal_bench import lm_eval_adapter
 
-    summary = run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()], limit=limit,
-                          corpus=corpus, batch_size=batch_size, out_dir=Path(out_dir) if out_dir else None)
+    if bool(model_args) == bool(record_path):
+        raise DihalError("give either --model-args or --record with --method")
+    if record_path:
+        if not method:
+            raise DihalError("--record needs --method (ar-backbone or dihal-chosen, dihal-worst, dihal-oracle)")
+        record = json.loads(Path(record_path).read_text())
+        model_args, seed = lm_eval_adapter.model_args_from_record(record, method, seed)
+        corpus = corpus or record["corpus"]
+    summary = lm_eval_adapter.run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()],
+                                          limit=limit, corpus=corpus or "stdlib-docs", batch_size=batch_size,
+                                          out_dir=Path(out_dir) if out_dir else None)
     click.echo(json.dumps(summary["results"], indent=2))
+    if record_path:
+        lm_eval_adapter.attach_to_record(Path(record_path), method, seed, summary)
+        click.echo(f"added to {record_path} ({method}, seed {seed}); rebuild tables with `dihal-bench leaderboard`")
 
 
 def main():

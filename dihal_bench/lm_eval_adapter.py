@@ -499,3 +499,38 @@ def _describe(value):
     if isinstance(value, Path):
         return str(value)
     return getattr(value, "name", type(value).__name__)
+
+
+# -- folding results into a run record --------------------------------------------------------
+
+
+def model_args_from_record(record: dict, method: str, seed: int | None = None) -> tuple[dict, int]:
+    """lm-eval model args for one method of a run record: the backbone for ``ar-backbone``, the
+    trained hybrid (backbone, layer, bridge checkpoint) for a ``dihal-*`` method."""
+    runs = record["per_seed"]
+    entry = next((r for r in runs if seed is None or r["seed"] == seed), None)
+    if entry is None:
+        raise DihalError(f"the record has no seed {seed}; it has {[r['seed'] for r in runs]}")
+    if method not in entry["methods"]:
+        raise DihalError(f"the record has no method {method!r}; it has {', '.join(entry['methods'])}")
+    found = entry["methods"][method]
+    if method == "ar-backbone":
+        return {"backbone": record["backbone"]}, entry["seed"]
+    if found.get("kind") != "dihal":
+        raise DihalError(f"lm-eval scores next-token models: the backbone (ar-backbone) and DiHAL hybrids, "
+                         f"not {method!r}, which generates whole sequences by diffusion")
+    checkpoint = Path(found["train"]["checkpoint"])
+    if not checkpoint.is_absolute() and not checkpoint.exists():  # stored relative to the job store
+        checkpoint = Path(record["jobs"]) / checkpoint
+    return {"backbone": record["backbone"], "layer": found["layer"], "bridge": str(checkpoint),
+            "steps": record["config"]["bridge"]["sample_steps"]}, entry["seed"]
+
+
+def attach_to_record(record_path: Path, method: str, seed: int, summary: dict) -> None:
+    """Store ``summary`` as ``per_seed[seed].methods[method].lm_eval`` and rewrite the record atomically."""
+    record = json.loads(Path(record_path).read_text())
+    for entry in record["per_seed"]:
+        if entry["seed"] == seed:
+            entry["methods"][method]["lm_eval"] = summary["results"]
+            entry["methods"][method]["lm_eval_config"] = summary["config"]
+    write_json_atomic(Path(record_path), record)
