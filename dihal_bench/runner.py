@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone, load_backbone
+from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus, pack, tokenize_documents
 from dihal_bench.errors import DihalError
@@ -34,16 +35,14 @@ from dihal_bench.sweep import (
     BridgeSpec,
     SplitTensors,
     auto_layers,
-    layer_correlations,
     distinct_sequences,
     evaluate_layer,
+    layer_correlations,
     packed_split,
     train_bridge,
     training_subset,
     with_states,
 )
-from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
-
 
 
 class Run:
@@ -53,6 +52,9 @@ class Run:
         self.suite, self.config, self.progress = suite, config, progress
         self.store = JobStore(Path(out_root) / suite / "jobs")
         self.timings: dict[str, float] = {}
+        self._train_states: dict[int, SplitTensors] = {}  # by sequence length
+        self._valid_states: dict[int, SplitTensors] = {}
+        self.bar: tqdm | None = None  # the whole seed's progress, one step per unit of work
 
     # -- lazily loaded, shared by the jobs that need them ---------------------------------------
     @cached_property
@@ -80,11 +82,16 @@ class Run:
         return {"backbone": self.config["backbone"], "corpus": self.config["corpus"]}
 
     def timed(self, stage: str, fn, *args, **kwargs):
+        """Run one unit of work, adding its wall time to its stage and advancing the run's bar."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(stage)
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
+            if self.bar is not None:
+                self.bar.update(1)
 
     # -- budgets --------------------------------------------------------------------------------
     def bridge_spec(self, budget_table: dict, seed: int) -> BridgeSpec:
@@ -97,12 +104,8 @@ class Run:
         """The one budget every method trains under; its allowance is the DiHAL bridge's size."""
         table = dict(self.config["budget"])
         if table.get("param_allowance") is None:
-            table["param_allowance"] = self.bridge_spec(table, seed).parameter_count(self.backbone_width)
+            table["param_allowance"] = self.bridge_spec(table, seed).parameter_count(self.backbone.width)
         return Budget.from_dict({**table, "seed": seed})
-
-    @cached_property
-    def backbone_width(self) -> int:
-        return self.backbone.width
 
     # -- data -------------------------------------------------------------------------------------
     def prepare_data(self, seed: int, layers: list[int], budgets: list[Budget]) -> None:
@@ -110,7 +113,7 @@ class Run:
         subset of the training split, and bridges need hidden states at ``layers``. Nothing is
         computed until a job that is not finished yet asks for it."""
         self.data_seed, self.data_layers, self.data_budgets = seed, sorted(layers), budgets
-        self.__dict__.pop("_states", None)
+        self._train_states.clear()
 
     def train_sequences(self, budget: Budget) -> torch.Tensor:
         same_length = [b for b in self.data_budgets if b.seq_len == budget.seq_len] or [budget]
@@ -119,17 +122,17 @@ class Run:
 
     def train_states(self, budget: Budget) -> SplitTensors:
         """Training sequences with their hidden states, extracted once for all layers of the seed."""
-        cache = self.__dict__.setdefault("_states", {})
-        if ("train", budget.seq_len) not in cache:
+        cache = self._train_states
+        if budget.seq_len not in cache:
             cache.clear()  # hidden states of the training split are large: keep one set at a time
             longest = max((b for b in self.data_budgets if b.seq_len == budget.seq_len), key=distinct_sequences,
                           default=budget)
-            cache[("train", budget.seq_len)] = with_states(self.backbone, self.train_sequences(longest),
-                                                           self.data_layers, self.progress)
-        return cache[("train", budget.seq_len)].head(distinct_sequences(budget))
+            cache[budget.seq_len] = with_states(self.backbone, self.train_sequences(longest), self.data_layers,
+                                                self.progress)
+        return cache[budget.seq_len].head(distinct_sequences(budget))
 
     def valid_states(self, seq_len: int) -> SplitTensors:
-        cache = self.__dict__.setdefault("_valid", {})
+        cache = self._valid_states
         if seq_len not in cache or not set(self.data_layers) <= set(cache[seq_len].states):
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
             cache[seq_len] = with_states(self.backbone, sequences[:self.config["sweep"]["eval_sequences"]],
@@ -189,6 +192,10 @@ def metric_names(config: dict) -> list[str]:
 
 def run_seed(run: Run, seed: int) -> dict:
     config = run.config
+    methods_count = len(config["methods"]["dihal"]) + len(config["methods"]["baselines"])
+    sweep_count = len(config["sweep"]["layers"]) if config["sweep"]["layers"] != "auto" else config["sweep"]["count"] + 1
+    run.bar = tqdm(total=2 + sweep_count + 2 * methods_count, desc=f"{run.suite} seed {seed}", unit="job",
+                   disable=not run.progress)
     located = run.timed("locate", run.store.run, "locate", {**run.identity(), **config["locate"], "seed": seed},
                         lambda _: locate(run.backbone, run.corpus, LocateConfig(
                             tokens=config["locate"]["tokens"], seq_len=config["locate"]["seq_len"], seed=seed,
@@ -232,6 +239,7 @@ def run_seed(run: Run, seed: int) -> dict:
                         lambda _: measure_latency(run, methods, roles, spec, budget, seed))
     for name, method in methods.items():
         method["latency"] = latency.get(name)
+    run.bar.close()
     return {
         "seed": seed,
         "locate": {key: located[key] for key in ("layers", "score", "chosen_layer", "proxies", "preprocessing",

@@ -91,8 +91,6 @@ def _build_cache(gguf: Path, directory: Path) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     try:
         backbone = HFBackbone.from_pretrained(str(gguf.parent), gguf_file=gguf.name, name=gguf.stem)
-    except DihalError:
-        raise
     except Exception as exc:  # noqa: BLE001 - the gguf reader raises many kinds on damaged files
         raise DihalError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))

@@ -1,181 +1,28 @@
-"""Diffusion-LM (Li et al. 2022, arXiv 2205.14217): continuous diffusion over learned token embeddings.
-
-Also home of what SED (``sed.py``) shares with it, since Diffusion-LM introduced the recipe:
-the time-conditioned bidirectional denoiser, its sizing to the parameter allowance, the
-rounding cross-entropy and the batched sampling loop.
-"""
+"""Diffusion-LM (Li et al. 2022, arXiv 2205.14217): continuous diffusion over learned token embeddings."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
-from abc import abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import Baseline
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import TrainResult
 
-from ..layers import Block, timestep_embedding
-from .schedules import noised, reverse_step, sqrt_alpha_bar
-
-#: the denoiser width when the budget sets no parameter allowance
-DEFAULT_D_MODEL = 128
-#: rows of a (positions × vocabulary) score matrix built at once: bounds memory, and on a CPU
-#: reusing one moderate buffer beats faulting in a fresh 200 MB one per call
-SCORE_ROWS = 256
-
-Options = TypeVar("Options")
-
-
-class Denoiser(nn.Module):
-    """f(x, t): per-position vectors (n, T, d_in) at diffusion time t (n,) -> x̂₀ (n, T, d_out).
-
-    The improved-diffusion transformer Diffusion-LM used, shrunk: a projection d_in -> d_model,
-    a sinusoidal time embedding through an MLP added at every position, learned absolute
-    positions, bidirectional pre-LN blocks, a final LayerNorm and a projection d_model -> d_out.
-    """
-
-    def __init__(self, d_in: int, d_out: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float):
-        super().__init__()
-        self.in_proj = nn.Linear(d_in, d_model)
-        self.time_mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
-        self.position = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(d_model)
-        self.out_proj = nn.Linear(d_model, d_out)
-
-    def forward(self, x: Tensor, t: Tensor) -> Tensor:
-        d_model = self.in_proj.out_features
-        h = self.in_proj(x) + self.time_mlp(timestep_embedding(t, d_model))[:, None, :]
-        h = h + self.position(torch.arange(x.shape[1], device=x.device))
-        for block in self.blocks:
-            h = block(h)
-        return self.out_proj(self.final_norm(h))
-
-
-def denoiser_width(method: str, budget: Budget, fixed: int, fixed_what: str, build: Callable[[int], nn.Module],
-                   heads: int) -> int:
-    """The denoiser d_model (a multiple of 8·heads) whose total trainable count, ``fixed`` plus
-    the denoiser ``build(d_model)``, lies closest to ``budget.param_allowance``.
-
-    Without an allowance: DEFAULT_D_MODEL. Raises DihalError when even the closest total is
-    outside the budget's tolerance.
-    """
-    if budget.param_allowance is None:
-        return DEFAULT_D_MODEL
-    allowance, step = budget.param_allowance, 8 * heads
-
-    @functools.cache
-    def total(d_model: int) -> int:
-        with torch.device("meta"):  # counts shapes without allocating or drawing random numbers
-            return fixed + sum(p.numel() for p in build(d_model).parameters())
-
-    widths = [step]
-    while total(widths[-1]) < allowance:  # the total grows with d_model: none past this one is closer
-        widths.append(widths[-1] + step)
-    best = min(widths, key=lambda d_model: abs(total(d_model) - allowance))
-    if abs(total(best) - allowance) <= budget.allowance_tolerance * allowance:
-        return best
-    if total(step) > allowance:
-        raise DihalError(
-            f"{method} cannot fit the parameter allowance {allowance:,}: its smallest configuration has "
-            f"{total(step):,} trainable parameters ({fixed_what} {fixed:,} + a d_model {step} denoiser); "
-            f"lower embed_dim or raise budget.param_allowance"
-        )
-    raise DihalError(
-        f"{method}: no denoiser d_model (multiples of {step}) lands within ±{budget.allowance_tolerance:.0%} of "
-        f"the allowance {allowance:,}; the closest is d_model {best} with {total(best):,}; set layers or d_model"
-    )
-
-
-def rounding_cross_entropy(x: Tensor, ids: Tensor, weight: Tensor, positions: int,
-                           generator: torch.Generator) -> Tensor:
-    """Mean over token positions of −log softmax(x_i · Wᵀ)[w_i], for vectors x (n, T, d), ids (n, T)
-    and a (V, d) table W, estimated on ``positions`` positions drawn without replacement.
-
-    A full-vocabulary softmax at every position of a 16×64 batch over SmolLM2's 49,152 tokens
-    costs ~0.5 s on a CPU thread, three times a training step's share; the subset estimate is
-    unbiased for the same mean.
-    """
-    x, ids = x.reshape(-1, x.shape[-1]), ids.reshape(-1)
-    if positions < ids.numel():
-        picked = torch.randperm(ids.numel(), generator=generator, device=ids.device)[:positions]
-        x, ids = x[picked], ids[picked]
-    return F.cross_entropy(F.linear(x, weight), ids)
-
-
-def best_scoring_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """argmax_v (x · W_v + b_v) for vectors x (..., d) and a (V, d) table W: token ids (...)."""
-    flat = x.reshape(-1, x.shape[-1])
-    best = [F.linear(rows, weight, bias).argmax(-1) for rows in flat.split(SCORE_ROWS)]
-    return torch.cat(best).reshape(x.shape[:-1])
-
-
-def parse_options(method: str, kind: type[Options], options: dict) -> Options:
-    """The dataclass ``kind`` built from ``options``, with a DihalError naming unknown ones."""
-    known = {field.name for field in dataclasses.fields(kind)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise DihalError(f"{method}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return kind(**options)
-
-
-class EmbeddingDiffusion(Baseline):
-    """A diffusion model over per-token vectors that denoises all T positions in parallel.
-
-    Subclasses build ``self.denoiser`` (with learned positions for ``self.max_len`` tokens) and
-    implement ``sample_batch``; this class supplies the training data, the trained-or-loaded
-    guard and the batched, seeded sampling loop.
-    """
-
-    max_len: int
-    steps: int
-    trained: bool = False
-    steps_option = "steps"
-
-    def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
-        return {"ids": sequences.long()}
-
-    def fit(self, sequences: Tensor, checkpoint_dir: Path | None = None, progress: bool = True) -> TrainResult:
-        result = super().fit(sequences, checkpoint_dir, progress)
-        self.trained = True
-        return result
-
-    def load(self, directory: Path) -> None:
-        super().load(directory)
-        self.trained = True
-
-    @torch.no_grad()
-    def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
-        if not self.trained:
-            raise DihalError(f"{self.name}: not trained; train it (fit) or load a checkpoint before sampling")
-        if seq_len > self.max_len:
-            raise DihalError(f"{self.name}: cannot sample {seq_len} tokens, it has positions for {self.max_len}")
-        self.module().eval()
-        generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
-        batches = math.ceil(n / batch_size)
-        with tqdm(total=batches * self.steps, desc=self.name, disable=not progress, leave=False) as bar:
-            samples = [self.sample_batch(min(batch_size, n - start), seq_len, generator, bar)
-                       for start in range(0, n, batch_size)]
-        return torch.cat(samples).cpu()
-
-    @abstractmethod
-    def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        """Token ids (n, seq_len) from one reverse chain of ``self.steps`` denoiser calls,
-        each followed by ``bar.update(1)``."""
+from .common import (
+    Denoiser,
+    DiffusionBaseline,
+    best_scoring_rows,
+    denoiser_width,
+    rounding_cross_entropy,
+    seeded_init,
+)
+from .schedules import noised, reverse_chain, sqrt_alpha_bar
 
 
 @dataclass(frozen=True)
@@ -193,7 +40,7 @@ class DiffusionLMOptions:
     anchor_share: float = 1 / 16  # probability that a training sequence draws t = 0, the anchor term
 
 
-class DiffusionLM(EmbeddingDiffusion):
+class DiffusionLM(DiffusionBaseline):
     """Diffusion-LM: Gaussian diffusion over learned token embeddings, trained end to end.
 
     Kept from the paper: embeddings Emb (V × d) learned jointly with the denoiser, with
@@ -225,14 +72,13 @@ class DiffusionLM(EmbeddingDiffusion):
 
     name = "diffusion-lm"
     paper = "Li et al. 2022, Diffusion-LM Improves Controllable Text Generation, arXiv 2205.14217"
+    options_class = DiffusionLMOptions
+    settings: DiffusionLMOptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        self.settings = opts = parse_options(self.name, DiffusionLMOptions, options)
-        if opts.steps < 1 or opts.rounding_tokens < 1 or opts.eta < 0 or not 0 <= opts.anchor_share <= 1:
-            raise DihalError(f"{self.name}: steps and rounding_tokens must be at least 1, eta non-negative "
-                             f"and anchor_share a probability")
-        self.max_len, self.steps = opts.max_len or budget.seq_len, opts.steps
+        opts = self.settings
+        self.check_ranges(("steps", "rounding_tokens"), probabilities=("anchor_share",))
         self.sigma_0 = math.sqrt(1.0 - float(sqrt_alpha_bar(torch.tensor(0.0))))
 
         def build(d_model: int) -> Denoiser:
@@ -244,8 +90,7 @@ class DiffusionLM(EmbeddingDiffusion):
         vocab = backbone.vocab_size
         table = f"the {vocab:,}×{opts.embed_dim} embedding table"
         d_model = opts.d_model or denoiser_width(self.name, budget, vocab * opts.embed_dim, table, build, opts.heads)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_init(seed):
             # N(0, 1) rows, as in the paper's code
             self.embedding = nn.Embedding(vocab, opts.embed_dim).to(backbone.device)
             self.denoiser = build(d_model).to(backbone.device)
@@ -280,18 +125,9 @@ class DiffusionLM(EmbeddingDiffusion):
         return table[best_scoring_rows(x, table, -0.5 * table.pow(2).sum(-1))]
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        device, d = self.backbone.device, self.settings.embed_dim
-        x = torch.randn(n, seq_len, d, generator=generator, device=device)
-        for k in range(self.steps, 0, -1):
-            t = torch.full((n,), k / self.steps, device=device)
-            x0_hat = self.denoiser(x, t)
-            bar.update(1)
-            if k > 1:
-                guess = self.nearest_embedding(x0_hat) if self.settings.clamp else x0_hat
-                s = torch.full((n,), (k - 1) / self.steps, device=device)
-                alpha_t, alpha_s = sqrt_alpha_bar(t)[:, None, None], sqrt_alpha_bar(s)[:, None, None]
-                noise = torch.randn(x.shape, generator=generator, device=device)
-                x = reverse_step(x, guess, alpha_t, alpha_s, self.settings.eta, noise)
+        x0_hat = reverse_chain(lambda x_t, t, _previous: self.denoiser(x_t, t), (n, seq_len, self.settings.embed_dim),
+                               self.steps, sqrt_alpha_bar, self.settings.eta, generator, bar,
+                               clamp=self.nearest_embedding if self.settings.clamp else None)
         return best_scoring_rows(x0_hat, self.embedding.weight)  # argmax_w p(w | x̂₀)
 
 

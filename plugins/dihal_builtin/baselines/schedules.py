@@ -1,4 +1,5 @@
-"""Noise schedules of continuous time t ∈ [0, 1], and the x̂₀-parameterised reverse step.
+"""Noise schedules of continuous time t ∈ [0, 1], the x̂₀-parameterised reverse step and the
+reverse chain that samples with it.
 
 A schedule gives ᾱ(t), the signal fraction of the forward process
 q(x_t | x₀) = N(√ᾱ(t)·x₀, (1 − ᾱ(t))·I): ᾱ falls from ≈1 at t=0 (clean) to ≈0 at t=1 (pure
@@ -10,9 +11,11 @@ same reason).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 ALPHA_BAR_MIN = 1e-6
 
@@ -52,3 +55,29 @@ def reverse_step(x_t: Tensor, x0_hat: Tensor, alpha_t: Tensor, alpha_s: Tensor, 
     sigma = eta * torch.sqrt((1.0 - alpha_s) / (1.0 - alpha_t) * (1.0 - alpha_t / alpha_s).clamp(min=0.0))
     direction = (1.0 - alpha_s - sigma**2).clamp(min=0.0).sqrt()
     return alpha_s.sqrt() * x0_hat + direction * eps_hat + sigma * noise
+
+
+def reverse_chain(predict_x0: Callable[[Tensor, Tensor, Tensor], Tensor], shape: tuple[int, int, int], steps: int,
+                  alpha_bar: Callable[[Tensor], Tensor], eta: float, generator: torch.Generator, bar: tqdm,
+                  self_condition: bool = False, clamp: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """x̂₀ at the end of a reverse chain from x₁ ~ N(0, I) of ``shape`` (n, L, d) over ``steps``
+    equal steps of t, all draws from ``generator`` and on its device.
+
+    At t = k/steps, k = steps, ..., 1: x̂₀ = predict_x0(x_t, t, previous), where previous is the
+    x̂₀ of the step before under self-conditioning (zeros at the first step) and zeros without it;
+    then, but at the last step, x_s = reverse_step(x_t, clamp(x̂₀), ᾱ(t), ᾱ(s), η, z) for
+    s = (k − 1)/steps and z ~ N(0, I). ``clamp`` (None: the identity) maps only the estimate the
+    step moves towards, not the one passed on or returned. ``bar`` advances once per step.
+    """
+    x = torch.randn(shape, generator=generator, device=generator.device)
+    x0_hat = no_estimate = torch.zeros_like(x)
+    for k in range(steps, 0, -1):
+        t = torch.full((shape[0],), k / steps, device=x.device)
+        x0_hat = predict_x0(x, t, x0_hat if self_condition else no_estimate)
+        bar.update(1)
+        if k > 1:
+            s = torch.full((shape[0],), (k - 1) / steps, device=x.device)
+            alpha_t, alpha_s = alpha_bar(t)[:, None, None], alpha_bar(s)[:, None, None]
+            noise = torch.randn(x.shape, generator=generator, device=x.device)
+            x = reverse_step(x, x0_hat if clamp is None else clamp(x0_hat), alpha_t, alpha_s, eta, noise)
+    return x0_hat

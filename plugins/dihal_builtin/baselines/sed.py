@@ -3,7 +3,6 @@ continuous diffusion over fixed pretrained token embeddings, with self-condition
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -15,51 +14,16 @@ from dihal_bench.backbone import Backbone
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 
-from .diffusion_lm import (
+from .common import (
     Denoiser,
-    EmbeddingDiffusion,
+    DiffusionBaseline,
     best_scoring_rows,
     denoiser_width,
-    parse_options,
+    pca_embeddings,
     rounding_cross_entropy,
+    seeded_init,
 )
-from .schedules import cosine_alpha_bar, noised, reverse_step
-
-#: vocabulary rows read from the backbone at once while computing the PCA
-PCA_ROWS = 8192
-
-
-def pca_embeddings(backbone: Backbone, dim: int) -> Tensor:
-    """The backbone's input embedding table E (V × width) projected on its ``dim`` leading
-    principal axes, each projected row rescaled to norm √dim: a (V, dim) float32 table.
-
-    PCA in float64 over all V rows: the axes are the top eigenvectors of the covariance
-    (1/V)·Σ_v (e_v − ē)(e_v − ē)ᵀ, each signed so that its largest-magnitude loading is
-    positive (the eigensolver's sign is arbitrary). The table is read in chunks, so a
-    128k × 4096 vocabulary never sits in memory in float64.
-    """
-    if not 1 <= dim <= backbone.width:
-        raise DihalError(f"sed: embed_dim must be in 1..{backbone.width} (the backbone's width), got {dim}")
-    chunks = torch.arange(backbone.vocab_size, device=backbone.device).split(PCA_ROWS)
-
-    def rows(ids: Tensor) -> Tensor:
-        return backbone.embed(ids[None])[0].to("cpu", torch.float64)
-
-    total = torch.zeros(backbone.width, dtype=torch.float64)
-    gram = torch.zeros(backbone.width, backbone.width, dtype=torch.float64)
-    for ids in chunks:
-        block = rows(ids)
-        total += block.sum(0)
-        gram += block.T @ block
-    mean = total / backbone.vocab_size
-    covariance = gram / backbone.vocab_size - torch.outer(mean, mean)
-    _, eigenvectors = torch.linalg.eigh(covariance)  # eigenvalues ascending
-    axes = eigenvectors[:, -dim:].flip(-1)
-    axes = axes * axes.gather(0, axes.abs().argmax(0, keepdim=True)).sign()
-
-    projected = torch.cat([(rows(ids) - mean) @ axes for ids in chunks])
-    norms = projected.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
-    return (projected * math.sqrt(dim) / norms).float()
+from .schedules import cosine_alpha_bar, noised, reverse_chain
 
 
 @dataclass(frozen=True)
@@ -76,7 +40,7 @@ class SEDOptions:
     rounding_tokens: int = 64  # positions per step scored by the readout cross-entropy
 
 
-class SED(EmbeddingDiffusion):
+class SED(DiffusionBaseline):
     """SED: Gaussian diffusion over fixed pretrained embeddings, with self-conditioning.
 
     Kept from the paper: fixed embeddings, each rescaled to norm √d, bottlenecked at a small d
@@ -101,14 +65,13 @@ class SED(EmbeddingDiffusion):
 
     name = "sed"
     paper = "Strudel et al. 2022, Self-conditioned Embedding Diffusion for Text Generation, arXiv 2211.04236"
+    options_class = SEDOptions
+    settings: SEDOptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        self.settings = opts = parse_options(self.name, SEDOptions, options)
-        if opts.steps < 1 or opts.rounding_tokens < 1 or opts.eta < 0 or not 0 <= opts.self_condition <= 1:
-            raise DihalError(f"{self.name}: steps and rounding_tokens must be at least 1, eta non-negative "
-                             f"and self_condition a probability")
-        self.max_len, self.steps = opts.max_len or budget.seq_len, opts.steps
+        opts = self.settings
+        self.check_ranges(("steps", "rounding_tokens"), probabilities=("self_condition",))
 
         def build(d_model: int) -> Denoiser:
             if d_model % opts.heads:
@@ -120,9 +83,9 @@ class SED(EmbeddingDiffusion):
         vocab = backbone.vocab_size
         readout = f"the {opts.embed_dim}×{vocab:,} readout"
         d_model = opts.d_model or denoiser_width(self.name, budget, vocab * opts.embed_dim, readout, build, opts.heads)
-        self.embeddings = pca_embeddings(backbone, opts.embed_dim).to(backbone.device)  # fixed: not a component
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        # fixed: not a component
+        self.embeddings = pca_embeddings(backbone, opts.embed_dim, self.name).to(backbone.device)
+        with seeded_init(seed):
             self.denoiser = build(d_model).to(backbone.device)
         # R as an nn.Linear: its weight (V, d) is Rᵀ, so R = Eᵀ means weight = E
         self.readout = nn.Linear(opts.embed_dim, vocab, bias=False, device=backbone.device)
@@ -156,19 +119,8 @@ class SED(EmbeddingDiffusion):
         return squared_error + readout
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        device, d = self.backbone.device, self.settings.embed_dim
-        x = torch.randn(n, seq_len, d, generator=generator, device=device)
-        x0_hat = torch.zeros_like(x)
-        for k in range(self.steps, 0, -1):
-            t = torch.full((n,), k / self.steps, device=device)
-            previous = x0_hat if self.settings.self_condition > 0 else torch.zeros_like(x)
-            x0_hat = self.denoise(x, t, previous)
-            bar.update(1)
-            if k > 1:
-                s = torch.full((n,), (k - 1) / self.steps, device=device)
-                alpha_t, alpha_s = cosine_alpha_bar(t)[:, None, None], cosine_alpha_bar(s)[:, None, None]
-                noise = torch.randn(x.shape, generator=generator, device=device)
-                x = reverse_step(x, x0_hat, alpha_t, alpha_s, self.settings.eta, noise)
+        x0_hat = reverse_chain(self.denoise, (n, seq_len, self.settings.embed_dim), self.steps, cosine_alpha_bar,
+                               self.settings.eta, generator, bar, self_condition=self.settings.self_condition > 0)
         return best_scoring_rows(x0_hat, self.readout.weight)  # argmax of R·x̂₀
 
 

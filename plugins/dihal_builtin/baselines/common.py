@@ -1,0 +1,391 @@
+"""What several baselines share, kept apart so that no baseline imports another's module.
+
+- options: ``parse_options`` (every baseline) and ``seeded_init``;
+- ``DiffusionBaseline``: the trained-or-loaded guard and the seeded, batched sampling loop of
+  every diffusion baseline, with its option checks;
+- the time-conditioned bidirectional ``Denoiser`` (Diffusion-LM's recipe, also SED's, LD4LG's and
+  CoDAR's) and the two rules that size a width to the parameter allowance;
+- reading tokens out of vectors: the rounding cross-entropy and argmax scoring against a table
+  (Diffusion-LM, SED), and the autoregressive ``TokenDecoder`` tied to the backbone's embedding
+  table with its sampled-softmax cross-entropy (LD4LG, CoDAR);
+- fixed tables from the backbone: its embedding table (LD4LG, CoDAR) and its PCA projection
+  (SED, CoDAR).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from dihal_bench.backbone import Backbone
+from dihal_bench.baseline import Baseline
+from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid import sample_next_token
+from dihal_bench.training import TrainResult
+
+from ..layers import Block, timestep_embedding
+
+#: the sized width when the budget sets no parameter allowance
+DEFAULT_D_MODEL = 128
+#: rows of a (positions × vocabulary) score matrix built at once: bounds memory, and on a CPU
+#: reusing one moderate buffer beats faulting in a fresh 200 MB one per call
+SCORE_ROWS = 256
+#: vocabulary rows read from the backbone at once while computing the PCA
+PCA_ROWS = 8192
+
+Options = TypeVar("Options")
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+def parse_options(method: str, kind: type[Options], options: dict) -> Options:
+    """The dataclass ``kind`` built from ``options``, with a DihalError naming unknown ones."""
+    known = {field.name for field in dataclasses.fields(kind)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise DihalError(f"{method}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return kind(**options)
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+@contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Inside, torch's global CPU generator is seeded with ``seed``, so the modules built there
+    are initialised as a function of the seed; afterwards the global random state is as before."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+# -- the diffusion baselines' contract -------------------------------------------------------
+
+
+class DiffusionBaseline(Baseline):
+    """A baseline that generates through a reverse diffusion chain of ``steps`` denoiser calls.
+
+    Subclasses name their options dataclass in ``options_class`` (with ``steps``, ``eta`` and
+    ``max_len`` among its fields), build their modules in ``__init__`` and implement
+    ``sample_batch``; this class parses the options into ``settings``, supplies the training data
+    (the token ids; a subclass that reads backbone features overrides it), the trained-or-loaded
+    guard and the batched, seeded sampling loop.
+    """
+
+    options_class: type
+    settings: Any
+    trained: bool = False
+    steps_option = "steps"
+
+    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
+        super().__init__(backbone, budget, seed, **options)
+        self.settings = parse_options(self.name, self.options_class, options)
+        self.max_len = self.settings.max_len or budget.seq_len  # the learned token positions
+        self.steps = self.settings.steps
+
+    def check_ranges(self, at_least_one: tuple[str, ...], probabilities: tuple[str, ...] = ()) -> None:
+        """A DihalError unless the options named in ``at_least_one`` are at least 1, ``eta`` is
+        non-negative and the options named in ``probabilities`` lie in [0, 1]."""
+        opts = self.settings
+        if (any(getattr(opts, name) < 1 for name in at_least_one) or opts.eta < 0
+                or any(not 0 <= getattr(opts, name) <= 1 for name in probabilities)):
+            rule = f"{_listed(at_least_one)} must be at least 1, eta non-negative"
+            if probabilities:
+                rule += f" and {_listed(probabilities)} a probability"
+            raise DihalError(f"{self.name}: {rule}")
+
+    def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
+        return {"ids": sequences.long()}
+
+    def fit(self, sequences: Tensor, checkpoint_dir: Path | None = None, progress: bool = True) -> TrainResult:
+        result = super().fit(sequences, checkpoint_dir, progress)
+        self.trained = True
+        return result
+
+    def load(self, directory: Path) -> None:
+        super().load(directory)
+        self.trained = True
+
+    @torch.no_grad()
+    def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
+        if not self.trained:
+            raise DihalError(f"{self.name}: not trained; train it (fit) or load a checkpoint before sampling")
+        if seq_len > self.max_len:
+            raise DihalError(f"{self.name}: cannot sample {seq_len} tokens, it has positions for {self.max_len}")
+        self.module().eval()
+        generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
+        batches = math.ceil(n / batch_size)
+        with tqdm(total=batches * self.steps, desc=self.name, disable=not progress, leave=False) as bar:
+            samples = [self.sample_batch(min(batch_size, n - start), seq_len, generator, bar)
+                       for start in range(0, n, batch_size)]
+        return torch.cat(samples).cpu()
+
+    @abstractmethod
+    def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+        """Token ids (n, seq_len) from one reverse chain of ``self.steps`` denoiser calls,
+        each followed by ``bar.update(1)``."""
+
+
+# -- the denoiser and its width --------------------------------------------------------------
+
+
+class Denoiser(nn.Module):
+    """f(x, t): per-position vectors (n, T, d_in) at diffusion time t (n,) -> x̂₀ (n, T, d_out).
+
+    The improved-diffusion transformer Diffusion-LM used, shrunk: a projection d_in -> d_model,
+    a sinusoidal time embedding through an MLP added at every position, learned absolute
+    positions, bidirectional pre-LN blocks, a final LayerNorm and a projection d_model -> d_out.
+    """
+
+    def __init__(self, d_in: int, d_out: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float):
+        super().__init__()
+        self.in_proj = nn.Linear(d_in, d_model)
+        self.time_mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
+        self.position = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        self.out_proj = nn.Linear(d_model, d_out)
+
+    def forward(self, x: Tensor, t: Tensor) -> Tensor:
+        d_model = self.in_proj.out_features
+        h = self.in_proj(x) + self.time_mlp(timestep_embedding(t, d_model))[:, None, :]
+        h = h + self.position(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks:
+            h = block(h)
+        return self.out_proj(self.final_norm(h))
+
+
+def denoiser_width(method: str, budget: Budget, fixed: int, fixed_what: str, build: Callable[[int], nn.Module],
+                   heads: int) -> int:
+    """The denoiser d_model (a multiple of 8·heads) whose total trainable count, ``fixed`` plus
+    the denoiser ``build(d_model)``, lies closest to ``budget.param_allowance``.
+
+    Without an allowance: DEFAULT_D_MODEL. Raises DihalError when even the closest total is
+    outside the budget's tolerance.
+    """
+    if budget.param_allowance is None:
+        return DEFAULT_D_MODEL
+    allowance, step = budget.param_allowance, 8 * heads
+
+    @functools.cache
+    def total(d_model: int) -> int:
+        with torch.device("meta"):  # counts shapes without allocating or drawing random numbers
+            return fixed + sum(p.numel() for p in build(d_model).parameters())
+
+    widths = [step]
+    while total(widths[-1]) < allowance:  # the total grows with d_model: none past this one is closer
+        widths.append(widths[-1] + step)
+    best = min(widths, key=lambda d_model: abs(total(d_model) - allowance))
+    if abs(total(best) - allowance) <= budget.allowance_tolerance * allowance:
+        return best
+    if total(step) > allowance:
+        raise DihalError(
+            f"{method} cannot fit the parameter allowance {allowance:,}: its smallest configuration has "
+            f"{total(step):,} trainable parameters ({fixed_what} {fixed:,} + a d_model {step} denoiser); "
+            f"lower embed_dim or raise budget.param_allowance"
+        )
+    raise DihalError(
+        f"{method}: no denoiser d_model (multiples of {step}) lands within ±{budget.allowance_tolerance:.0%} of "
+        f"the allowance {allowance:,}; the closest is d_model {best} with {total(best):,}; set layers or d_model"
+    )
+
+
+def width_for_allowance(method: str, budget: Budget, build: Callable[[int], nn.Module], heads: int) -> int:
+    """The width d (a multiple of 2·heads) whose ``build(d)``, holding every trained component,
+    has the trainable count closest to ``budget.param_allowance``; DEFAULT_D_MODEL without one.
+
+    The grid is finer than 8·heads because the count grows like d²: at d ≈ 160 one step of 32
+    changes it by ~40%, more than the ±10% window, so an allowance could fall between steps.
+    """
+    if budget.param_allowance is None:
+        return DEFAULT_D_MODEL
+    allowance, step = budget.param_allowance, 2 * heads
+
+    @functools.cache
+    def total(width: int) -> int:
+        with torch.device("meta"):  # shapes only: no memory, no random draws
+            return sum(p.numel() for p in build(width).parameters() if p.requires_grad)
+
+    widths = [4 * step]  # head dimension 8 at the least
+    while total(widths[-1]) < allowance:  # the count grows with d: none past this one is closer
+        widths.append(widths[-1] + step)
+    best = min(widths, key=lambda width: abs(total(width) - allowance))
+    if abs(total(best) - allowance) <= budget.allowance_tolerance * allowance:
+        return best
+    if best == widths[0]:
+        raise DihalError(f"{method} cannot fit the parameter allowance {allowance:,}: its smallest configuration "
+                         f"(d_model {best}) has {total(best):,} trainable parameters; raise budget.param_allowance "
+                         f"or use fewer layers")
+    raise DihalError(f"{method}: no d_model (multiples of {step}) lands within ±{budget.allowance_tolerance:.0%} of "
+                     f"the allowance {allowance:,}; the closest is d_model {best} with {total(best):,}; set d_model")
+
+
+# -- reading tokens out of vectors -----------------------------------------------------------
+
+
+def rounding_cross_entropy(x: Tensor, ids: Tensor, weight: Tensor, positions: int,
+                           generator: torch.Generator) -> Tensor:
+    """Mean over token positions of −log softmax(x_i · Wᵀ)[w_i], for vectors x (n, T, d), ids (n, T)
+    and a (V, d) table W, estimated on ``positions`` positions drawn without replacement.
+
+    A full-vocabulary softmax at every position of a 16×64 batch over SmolLM2's 49,152 tokens
+    costs ~0.5 s on a CPU thread, three times a training step's share; the subset estimate is
+    unbiased for the same mean.
+    """
+    x, ids = x.reshape(-1, x.shape[-1]), ids.reshape(-1)
+    if positions < ids.numel():
+        picked = torch.randperm(ids.numel(), generator=generator, device=ids.device)[:positions]
+        x, ids = x[picked], ids[picked]
+    return F.cross_entropy(F.linear(x, weight), ids)
+
+
+def best_scoring_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """argmax_v (x · W_v + b_v) for vectors x (..., d) and a (V, d) table W: token ids (...)."""
+    flat = x.reshape(-1, x.shape[-1])
+    best = [F.linear(rows, weight, bias).argmax(-1) for rows in flat.split(SCORE_ROWS)]
+    return torch.cat(best).reshape(x.shape[:-1])
+
+
+def sampled_cross_entropy(hidden: Tensor, targets: Tensor, embed: Callable[[Tensor], Tensor], vocab_size: int,
+                          negatives: int, generator: torch.Generator) -> Tensor:
+    """Mean over positions of −log softmax_v(h_i · u_v)[w_i], for hidden vectors h (..., d), target
+    ids w (...) and output embeddings u_v = ``embed(v)`` (d) of the ``vocab_size`` tokens, with each
+    normaliser Z_i = Σ_v exp(h_i · u_v) estimated instead of summed over the whole vocabulary:
+    exactly over the tokens U that are targets somewhere in the batch, and from ``negatives``
+    tokens R drawn uniformly without replacement from the rest, weighted (V − |U|)/|R|, an
+    unbiased estimate of the remaining sum (a stratified sampled softmax, cf. Jean et al. 2015,
+    arXiv 1412.2007). Exact once ``negatives`` ≥ V − |U|.
+
+    Why: the full softmax over SmolLM2's 49,152 tokens at the 1,024 positions of a 16×64 batch
+    costs ~1 s per step on a CPU thread; this one a few hundredths, and unlike scoring a subset
+    of positions it keeps every position's gradient.
+    """
+    vectors, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    present, target_index = targets.unique(return_inverse=True)
+    absent = torch.ones(vocab_size, dtype=torch.bool, device=targets.device)
+    absent[present] = False
+    others = absent.nonzero()[:, 0]
+    log_weight = 0.0
+    if negatives < len(others):
+        log_weight = math.log(len(others) / negatives)
+        others = others[torch.randperm(len(others), generator=generator, device=targets.device)[:negatives]]
+    bias = torch.zeros(len(present) + len(others), device=vectors.device)
+    bias[len(present):] = log_weight
+    logits = F.linear(vectors, embed(torch.cat([present, others])), bias)
+    return F.cross_entropy(logits, target_index)
+
+
+class TokenDecoder(nn.Module):
+    """p(w_i | w_<i, memory): a causal pre-LN transformer over tokens that cross-attends, in every
+    block, to a memory sequence (n, M, memory_dim).
+
+    Tokens enter and leave through the backbone's frozen embedding table E (V, width), to stay
+    within the parameter allowance: the input vector of token w is in_proj(E[w]), its output
+    embedding out_proj(E[w]) (two trainable width → d_model projections), and the logit of w
+    after hidden state h is h · out_proj(E[w]). Projecting the scored rows into the decoder's
+    space, rather than h into the table's, makes each logit cost d_model multiplications
+    instead of width. A learned start vector stands before position 0. E is the caller's.
+    """
+
+    def __init__(self, width: int, memory_dim: int, memory_len: int, d_model: int, layers: int, heads: int,
+                 max_len: int, dropout: float):
+        super().__init__()
+        self.max_len = max_len
+        self.in_proj = nn.Linear(width, d_model)
+        self.start = nn.Parameter(torch.zeros(d_model))
+        self.position = nn.Embedding(max_len, d_model)
+        self.memory_proj = nn.Linear(memory_dim, d_model)
+        self.memory_position = nn.Embedding(memory_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=True, cross=True) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        # no bias: a bias b would add h·b to every logit of a position, which the softmax ignores
+        self.out_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(self, previous: Tensor, memory: Tensor) -> Tensor:
+        """Hidden states (n, k+1, d_model) that predict tokens 0..k, from the table rows
+        (n, k, width) of tokens 0..k−1 and the memory."""
+        n, k = previous.shape[:2]
+        h = torch.cat([self.start.expand(n, 1, -1), self.in_proj(previous)], dim=1)
+        h = h + self.position(torch.arange(k + 1, device=h.device))
+        memory = self.memory_proj(memory) + self.memory_position(torch.arange(memory.shape[1], device=h.device))
+        for block in self.blocks:
+            h = block(h, memory)
+        return self.final_norm(h)
+
+    def cross_entropy(self, ids: Tensor, memory: Tensor, table: Tensor, negatives: int,
+                      generator: torch.Generator) -> Tensor:
+        """Teacher-forced cross-entropy of the ids (n, T) given the memory (see sampled_cross_entropy)."""
+        hidden = self(table[ids[:, :-1]], memory)
+        return sampled_cross_entropy(hidden, ids, lambda rows: self.out_proj(table[rows]), len(table), negatives,
+                                     generator)
+
+    @torch.no_grad()
+    def generate(self, memory: Tensor, table: Tensor, length: int, temperature: float, top_p: float,
+                 generator: torch.Generator) -> Tensor:
+        """Token ids (n, length), one position at a time over the full vocabulary; temperature 0 is
+        greedy. The whole prefix is re-run at each step (T ≤ max_len is short; no cache needed)."""
+        output_embeddings = self.out_proj(table)
+        ids = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
+        for _ in range(length):
+            logits = self(table[ids], memory)[:, -1] @ output_embeddings.T
+            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
+        return ids
+
+
+# -- fixed tables from the backbone ----------------------------------------------------------
+
+
+def embedding_table(backbone: Backbone) -> Tensor:
+    """The backbone's embedding output for every token, (V, width) float32: row w is what the
+    backbone itself feeds its first layer for token w."""
+    vocabulary = torch.arange(backbone.vocab_size, device=backbone.device)
+    return backbone.embed(vocabulary[None])[0].float()
+
+
+def pca_embeddings(backbone: Backbone, dim: int, method: str) -> Tensor:
+    """The backbone's input embedding table E (V × width) projected on its ``dim`` leading
+    principal axes, each projected row rescaled to norm √dim: a (V, dim) float32 table.
+
+    PCA in float64 over all V rows: the axes are the top eigenvectors of the covariance
+    (1/V)·Σ_v (e_v − ē)(e_v − ē)ᵀ, each signed so that its largest-magnitude loading is
+    positive (the eigensolver's sign is arbitrary). The table is read in chunks, so a
+    128k × 4096 vocabulary never sits in memory in float64. A ``dim`` outside 1..width is the
+    ``method``'s DihalError.
+    """
+    if not 1 <= dim <= backbone.width:
+        raise DihalError(f"{method}: embed_dim must be in 1..{backbone.width} (the backbone's width), got {dim}")
+    chunks = torch.arange(backbone.vocab_size, device=backbone.device).split(PCA_ROWS)
+
+    def rows(ids: Tensor) -> Tensor:
+        return backbone.embed(ids[None])[0].to("cpu", torch.float64)
+
+    total = torch.zeros(backbone.width, dtype=torch.float64)
+    gram = torch.zeros(backbone.width, backbone.width, dtype=torch.float64)
+    for ids in chunks:
+        block = rows(ids)
+        total += block.sum(0)
+        gram += block.T @ block
+    mean = total / backbone.vocab_size
+    covariance = gram / backbone.vocab_size - torch.outer(mean, mean)
+    _, eigenvectors = torch.linalg.eigh(covariance)  # eigenvalues ascending
+    axes = eigenvectors[:, -dim:].flip(-1)
+    axes = axes * axes.gather(0, axes.abs().argmax(0, keepdim=True)).sign()
+
+    projected = torch.cat([(rows(ids) - mean) @ axes for ids in chunks])
+    norms = projected.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return (projected * math.sqrt(dim) / norms).float()
