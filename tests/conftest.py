@@ -1,11 +1,14 @@
-"""Shared fixtures: a character-level tokenizer, tiny random-weight decoder LMs, and inline plugins.
+"""Shared fixtures: a character-level tokenizer, tiny random-weight decoder LMs and backbones,
+short sentence corpora, torch on one thread, and inline plugins.
 
 Everything is built in-process from code and fixed seeds: no download, no file outside tmp.
 """
 
 from __future__ import annotations
 
+import copy
 import string
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -22,11 +25,30 @@ from transformers import (
 
 from dihal_bench.errors import DihalError
 from dihal_bench.plugins import get_registry, register_plugin, unregister_plugin
+from dihal_builtin.hf_backbone import HFBackbone
 
 #: the tiny models' vocabulary; the tokenizer uses ids 0..102 of it
 TINY_VOCAB = 128
 #: Gemma3's local attention width: the tests' sequences are longer than this
 TINY_SLIDING_WINDOW = 8
+#: SmolLM2-135M's vocabulary size, which dominates what the baselines' allowance sizing counts
+SMOLLM2_VOCAB = 49_152
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch on one thread for a whole test module, restored afterwards.
+
+    Tiny models gain nothing from threads, and on a shared 2-core machine the thread pool's
+    waiting makes each small op slow by orders of magnitude. Module scope, so that it also
+    covers module-scoped fixtures that train: a module takes it with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``, and a module-scoped fixture
+    that trains names it as an argument.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +109,37 @@ def tiny_models() -> dict[str, torch.nn.Module]:
             torch.manual_seed(seed)
             built[family] = build().eval()
     return built
+
+
+@pytest.fixture(scope="module")
+def llama_backbone(tiny_models, char_tokenizer) -> HFBackbone:
+    """The tiny Llama with the character tokenizer as an HFBackbone; each test module gets a
+    copy of the model of its own."""
+    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def smollm2_sized_backbone(char_tokenizer) -> HFBackbone:
+    """A one-layer random Llama with SmolLM2's vocabulary size: what the allowance sizing sees."""
+    config = LlamaConfig(vocab_size=SMOLLM2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return HFBackbone(LlamaForCausalLM(config), char_tokenizer, "smollm2-sized")
+
+
+@pytest.fixture(scope="session")
+def encode_sentences(char_tokenizer) -> Callable[[list[str], int], torch.Tensor]:
+    """``encode_sentences(sentences, copies)``: the character tokens of equally long sentences,
+    the list repeated ``copies`` times, as (copies·len(sentences), length) token ids whose rows
+    cycle through the sentences."""
+
+    def encode(sentences: list[str], copies: int) -> torch.Tensor:
+        rows = char_tokenizer(sentences, add_special_tokens=False)["input_ids"]
+        assert len({len(row) for row in rows}) == 1, f"sentences of different lengths: {sentences}"
+        return torch.tensor(rows).repeat(copies, 1)
+
+    return encode
 
 
 @pytest.fixture(scope="session")

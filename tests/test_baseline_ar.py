@@ -18,19 +18,7 @@ from dihal_builtin.hf_backbone import HFBackbone
 BUDGET = Budget(steps=10, batch_size=4, seq_len=12, param_allowance=1_000)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread pool's
-    waiting makes each small op slow by orders of magnitude."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def backbone(tiny_models, char_tokenizer) -> HFBackbone:
-    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("bos", [None, "<unk>"])
@@ -49,15 +37,15 @@ def test_greedy_samples_are_transformers_greedy_generate_from_the_start_token(ti
     assert torch.equal(ours, theirs[:, 1:])  # the start token is not returned
 
 
-def test_same_seed_gives_same_tokens_and_another_seed_differs(backbone):
-    model = ARBackbone(backbone, BUDGET, top_p=0.95)
+def test_same_seed_gives_same_tokens_and_another_seed_differs(llama_backbone):
+    model = ARBackbone(llama_backbone, BUDGET, top_p=0.95)
     first = model.sample(4, 10, seed=11)
     assert torch.equal(first, model.sample(4, 10, seed=11))
     assert not torch.equal(first, model.sample(4, 10, seed=12))
 
 
-def test_trains_nothing_and_stands_outside_the_budget(backbone):
-    model = ARBackbone(backbone, BUDGET)
+def test_trains_nothing_and_stands_outside_the_budget(llama_backbone):
+    model = ARBackbone(llama_backbone, BUDGET)
     before = model.sample(2, 6, seed=1)
     result = model.fit(torch.zeros(1, 12, dtype=torch.long), progress=False)  # far too few sequences: not checked
     assert (result.steps_done, result.losses, result.tokens_seen) == (0, [], 0)
@@ -67,26 +55,26 @@ def test_trains_nothing_and_stands_outside_the_budget(backbone):
     assert torch.equal(model.sample(2, 6, seed=1), before)
 
 
-def test_save_writes_only_the_configuration_and_load_checks_it(backbone, tmp_path):
-    model = ARBackbone(backbone, BUDGET, temperature=0.8)
+def test_save_writes_only_the_configuration_and_load_checks_it(llama_backbone, tmp_path):
+    model = ARBackbone(llama_backbone, BUDGET, temperature=0.8)
     model.save(tmp_path / "ar")
     assert [p.name for p in (tmp_path / "ar").iterdir()] == [CONFIG_FILE]
-    restored = ARBackbone(backbone, BUDGET, temperature=0.8)
+    restored = ARBackbone(llama_backbone, BUDGET, temperature=0.8)
     restored.load(tmp_path / "ar")
     assert torch.equal(restored.sample(2, 6, seed=4), model.sample(2, 6, seed=4))
     with pytest.raises(DihalError, match="not 'ar-backbone' with"):
-        ARBackbone(backbone, BUDGET, temperature=0.5).load(tmp_path / "ar")
+        ARBackbone(llama_backbone, BUDGET, temperature=0.5).load(tmp_path / "ar")
     with pytest.raises(DihalError, match="no saved configuration"):
         restored.load(tmp_path / "elsewhere")
 
 
-def test_bad_options_are_refused(backbone):
+def test_bad_options_are_refused(llama_backbone):
     with pytest.raises(DihalError, match="temperature"):
-        ARBackbone(backbone, BUDGET, temperature=-0.1)
+        ARBackbone(llama_backbone, BUDGET, temperature=-0.1)
     with pytest.raises(DihalError, match="top_p"):
-        ARBackbone(backbone, BUDGET, top_p=0.0)
+        ARBackbone(llama_backbone, BUDGET, top_p=0.0)
     with pytest.raises(DihalError, match="unknown option"):
-        ARBackbone(backbone, BUDGET, top_k=5)
+        ARBackbone(llama_backbone, BUDGET, top_k=5)
 
 
 def test_registers_under_its_name():

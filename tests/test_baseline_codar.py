@@ -3,7 +3,6 @@ decoder turns denoised sequences back into them, and the contract's bookkeeping 
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -13,7 +12,6 @@ from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
 from dihal_builtin.baselines.codar import CoDAR, register_baselines
-from dihal_builtin.hf_backbone import HFBackbone
 
 SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
 # temperature 0: the decoder is then a function of the denoised sequence, so which sentence comes
@@ -23,46 +21,26 @@ STEPS = 300
 BUDGET = Budget(steps=STEPS, batch_size=8, seq_len=8, lr=3e-3, epochs=STEPS)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread pool's
-    waiting makes each small op slow by orders of magnitude."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def backbone(tiny_models, char_tokenizer) -> HFBackbone:
-    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def corpus(char_tokenizer) -> torch.Tensor:
+def corpus(encode_sentences) -> torch.Tensor:
     """The two sentences, eight times each: (16, 8) token ids."""
-    return torch.tensor(char_tokenizer(SENTENCES, add_special_tokens=False)["input_ids"]).repeat(8, 1)
+    return encode_sentences(SENTENCES, copies=8)
 
 
 @pytest.fixture(scope="module")
-def trained(backbone, corpus):
+def trained(llama_backbone, corpus, one_torch_thread):
     """(model, its TrainResult), trained once for the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    model = CoDAR(backbone, BUDGET, seed=0, **TINY)
-    result = model.fit(corpus, progress=False)
-    torch.set_num_threads(threads)
-    return model, result
+    model = CoDAR(llama_backbone, BUDGET, seed=0, **TINY)
+    return model, model.fit(corpus, progress=False)
 
 
-def decode(tokenizer, ids: torch.Tensor) -> list[str]:
-    return [tokenizer.decode(row) for row in ids.tolist()]
-
-
-def test_the_diffusion_space_is_the_pca_table_at_norm_sqrt_d(backbone):
-    model = CoDAR(backbone, BUDGET, **TINY)
-    assert model.embeddings.shape == (backbone.vocab_size, 8)
-    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((backbone.vocab_size,), math.sqrt(8)))
+def test_the_diffusion_space_is_the_pca_table_at_norm_sqrt_d(llama_backbone):
+    model = CoDAR(llama_backbone, BUDGET, **TINY)
+    assert model.embeddings.shape == (llama_backbone.vocab_size, 8)
+    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((llama_backbone.vocab_size,), math.sqrt(8)))
 
 
 def test_joint_loss_falls_from_chance(trained):
@@ -74,7 +52,7 @@ def test_joint_loss_falls_from_chance(trained):
 
 def test_samples_regenerate_the_training_sentences(trained, char_tokenizer):
     model, _ = trained
-    texts = decode(char_tokenizer, model.sample(12, 8, seed=3, batch_size=5))
+    texts = char_tokenizer.batch_decode(model.sample(12, 8, seed=3, batch_size=5))
     assert set(texts) == set(SENTENCES)  # every sample is one of them, and both modes are found
 
 
@@ -85,48 +63,48 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert torch.equal(first, model.sample(6, 8, seed=7))
 
 
-def test_save_load_round_trip_gives_identical_samples(trained, backbone, tmp_path):
+def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):
     model, _ = trained
     model.save(tmp_path)
-    restored = CoDAR(backbone, BUDGET, seed=0, **TINY)
+    restored = CoDAR(llama_backbone, BUDGET, seed=0, **TINY)
     with pytest.raises(DihalError, match="not trained"):
         restored.sample(2, 8, seed=0)
     restored.load(tmp_path)
     assert torch.equal(restored.sample(6, 8, seed=5), model.sample(6, 8, seed=5))
 
 
-def test_missing_checkpoint_is_refused(backbone, tmp_path):
+def test_missing_checkpoint_is_refused(llama_backbone, tmp_path):
     with pytest.raises(DihalError, match="no trained checkpoint"):
-        CoDAR(backbone, BUDGET, **TINY).load(tmp_path)
+        CoDAR(llama_backbone, BUDGET, **TINY).load(tmp_path)
 
 
-def test_parameter_counts_match_what_the_optimizer_updates(backbone):
-    model = CoDAR(backbone, BUDGET, **TINY)
+def test_parameter_counts_match_what_the_optimizer_updates(llama_backbone):
+    model = CoDAR(llama_backbone, BUDGET, **TINY)
     counts = model.parameter_counts()
     assert set(counts) == {"denoiser", "decoder"}
     assert sum(counts.values()) == count_trainable(model.module())
-    assert not any(p.requires_grad for p in backbone.model.parameters())
+    assert not any(p.requires_grad for p in llama_backbone.model.parameters())
 
 
-def test_allowance_sets_the_width(backbone):
+def test_allowance_sets_the_width(llama_backbone):
     allowance = 100_000
-    model = CoDAR(backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
+    model = CoDAR(llama_backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
     assert abs(sum(model.parameter_counts().values()) - allowance) <= 0.1 * allowance
     with pytest.raises(DihalError, match="smallest configuration"):
-        CoDAR(backbone, BUDGET.replace(param_allowance=1_000), **{**TINY, "d_model": None})
+        CoDAR(llama_backbone, BUDGET.replace(param_allowance=1_000), **{**TINY, "d_model": None})
 
 
-def test_bad_options_are_refused(backbone):
+def test_bad_options_are_refused(llama_backbone):
     with pytest.raises(DihalError, match="embed_dim must be in 1..32"):
-        CoDAR(backbone, BUDGET, **{**TINY, "embed_dim": 33})
+        CoDAR(llama_backbone, BUDGET, **{**TINY, "embed_dim": 33})
     with pytest.raises(DihalError, match="temperature"):
-        CoDAR(backbone, BUDGET, **{**TINY, "temperature": -1.0})
+        CoDAR(llama_backbone, BUDGET, **{**TINY, "temperature": -1.0})
     with pytest.raises(DihalError, match="unknown option"):
-        CoDAR(backbone, BUDGET, clamp=True)
+        CoDAR(llama_backbone, BUDGET, clamp=True)
 
 
-def test_sampling_options_report_the_decoder_knobs(backbone):
-    options = CoDAR(backbone, BUDGET, **{**TINY, "temperature": 0.7, "top_p": 0.9}).sampling_options()
+def test_sampling_options_report_the_decoder_knobs(llama_backbone):
+    options = CoDAR(llama_backbone, BUDGET, **{**TINY, "temperature": 0.7, "top_p": 0.9}).sampling_options()
     assert options == {"steps": 10, "eta": 1.0, "temperature": 0.7, "top_p": 0.9}
 
 

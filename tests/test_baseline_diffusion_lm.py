@@ -2,56 +2,31 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
 from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
 from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
-from dihal_builtin.hf_backbone import HFBackbone
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)
 SMOLLM2_ALLOWANCE = 2_285_888  # the DiHAL bridge's size on SmolLM2-135M (width 576, vocabulary 49,152)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine the thread
-    pool's waiting makes each tiny op slow by orders of magnitude. Module scope, so that it
-    also covers the module-scoped training fixture."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def backbone(tiny_models, char_tokenizer) -> HFBackbone:
-    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def smollm2_sized(char_tokenizer) -> HFBackbone:
-    """A one-layer random model with SmolLM2's vocabulary size: what the allowance sizing sees."""
-    config = LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return HFBackbone(LlamaForCausalLM(config), char_tokenizer, "smollm2-sized")
-
-
-def sentence_ids(tokenizer) -> torch.Tensor:
+def corpus(encode_sentences) -> torch.Tensor:
     """The two sentences, 16 copies each, as (32, 8) token ids."""
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in SENTENCES]
-    assert all(len(row) == 8 for row in rows)
-    return torch.tensor(rows * 16)
+    ids = encode_sentences(SENTENCES, copies=16)
+    assert ids.shape == (32, 8)
+    return ids
 
 
 def overfit_budget() -> Budget:
@@ -59,10 +34,10 @@ def overfit_budget() -> Budget:
 
 
 @pytest.fixture(scope="module")
-def trained(backbone):
+def trained(llama_backbone, corpus, one_torch_thread):
     """(model, training result): Diffusion-LM trained to overfit the two sentences."""
-    model = DiffusionLM(backbone, overfit_budget(), seed=0, **TINY)
-    result = model.fit(sentence_ids(backbone.tokenizer), progress=False)
+    model = DiffusionLM(llama_backbone, overfit_budget(), seed=0, **TINY)
+    result = model.fit(corpus, progress=False)
     return model, result
 
 
@@ -107,9 +82,9 @@ def test_loss_decreases(trained):
     assert last < 0.3 * first
 
 
-def test_overfit_model_regenerates_the_training_sentences(trained, backbone):
+def test_overfit_model_regenerates_the_training_sentences(trained, llama_backbone):
     model, _ = trained
-    texts = backbone.tokenizer.batch_decode(model.sample(16, 8, seed=0, batch_size=8))
+    texts = llama_backbone.tokenizer.batch_decode(model.sample(16, 8, seed=0, batch_size=8))
     assert set(texts) == set(SENTENCES)  # every sample is a training sentence, and both occur
 
 
@@ -121,26 +96,26 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert not torch.equal(model.sample(16, 8, seed=3), model.sample(16, 8, seed=4))
 
 
-def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, backbone):
+def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone):
     model, _ = trained
     counts = model.parameter_counts()
-    assert counts["embeddings"] == backbone.vocab_size * 8
+    assert counts["embeddings"] == llama_backbone.vocab_size * 8
     assert sum(counts.values()) == count_trainable(model.module())
-    assert not any(p.requires_grad for p in backbone.model.parameters())
+    assert not any(p.requires_grad for p in llama_backbone.model.parameters())
 
 
-def test_allowance_sizes_the_denoiser(smollm2_sized):
-    model = DiffusionLM(smollm2_sized, Budget(param_allowance=SMOLLM2_ALLOWANCE))
+def test_allowance_sizes_the_denoiser(smollm2_sized_backbone):
+    model = DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE))
     # d_model 128: 3 blocks 594,816 + in/out projections 8,352 + time MLP 33,024 + 64 positions 8,192 + norm 256
     assert model.parameter_counts() == {"denoiser": 644_640, "embeddings": 1_572_864}
     assert abs(model.budget.check_allowance(model.parameter_counts())) < 0.10
-    explicit = DiffusionLM(smollm2_sized, Budget(param_allowance=SMOLLM2_ALLOWANCE), d_model=64)
+    explicit = DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE), d_model=64)
     assert explicit.denoiser.in_proj.out_features == 64
 
 
-def test_impossible_allowance_names_the_smallest_count(smollm2_sized):
+def test_impossible_allowance_names_the_smallest_count(smollm2_sized_backbone):
     with pytest.raises(DihalError, match=r"diffusion-lm .*allowance 1,000,000.* 1,617,312 trainable"):
-        DiffusionLM(smollm2_sized, Budget(param_allowance=1_000_000))  # the 49,152×32 table alone is 1.57M
+        DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=1_000_000))  # the 49,152×32 table alone is 1.57M
 
 
 def test_clamping_maps_to_the_nearest_embedding(trained):
@@ -151,24 +126,25 @@ def test_clamping_maps_to_the_nearest_embedding(trained):
     assert torch.equal(model.nearest_embedding(nudged), table[ids])
 
 
-def test_save_load_round_trip_gives_identical_samples(trained, backbone, tmp_path):
+def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):
     model, _ = trained
     model.save(tmp_path)
-    restored = DiffusionLM(backbone, overfit_budget(), seed=1, **TINY)  # another init: the weights must come from disk
+    # another init: the weights must come from disk
+    restored = DiffusionLM(llama_backbone, overfit_budget(), seed=1, **TINY)
     restored.load(tmp_path)
     assert torch.equal(restored.sample(6, 8, seed=2), model.sample(6, 8, seed=2))
 
 
-def test_sampling_needs_training_or_a_checkpoint(backbone, tmp_path):
-    model = DiffusionLM(backbone, overfit_budget(), **TINY)
+def test_sampling_needs_training_or_a_checkpoint(llama_backbone, tmp_path):
+    model = DiffusionLM(llama_backbone, overfit_budget(), **TINY)
     with pytest.raises(DihalError, match="not trained"):
         model.sample(2, 8, seed=0)
     with pytest.raises(DihalError, match="no trained checkpoint"):
         model.load(tmp_path / "missing")
 
 
-def test_rejects_bad_options_and_lengths(trained, backbone):
+def test_rejects_bad_options_and_lengths(trained, llama_backbone):
     with pytest.raises(DihalError, match="unknown option.*embedding_dim"):
-        DiffusionLM(backbone, overfit_budget(), embedding_dim=8)
+        DiffusionLM(llama_backbone, overfit_budget(), embedding_dim=8)
     with pytest.raises(DihalError, match="positions for 8"):
         trained[0].sample(1, 9, seed=0)

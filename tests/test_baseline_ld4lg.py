@@ -3,7 +3,6 @@ training overfits two sentences and regenerates them, and the contract's bookkee
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -13,16 +12,9 @@ import torch.nn.functional as F
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
-from dihal_builtin.baselines.ld4lg import (
-    LD4LG,
-    Compressor,
-    TokenDecoder,
-    register_baselines,
-    sampled_cross_entropy,
-    x0_from_v,
-)
+from dihal_builtin.baselines.common import TokenDecoder, sampled_cross_entropy
+from dihal_builtin.baselines.ld4lg import LD4LG, Compressor, register_baselines, x0_from_v
 from dihal_builtin.baselines.schedules import noised
-from dihal_builtin.hf_backbone import HFBackbone
 
 SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
 TINY = dict(d_model=32, heads=2, latents=2, latent_dim=8, compressor_layers=1, decoder_layers=1, denoiser_layers=2,
@@ -31,41 +23,21 @@ STEPS = 600  # the autoencoder converges within its 120; the denoiser needs the 
 BUDGET = Budget(steps=STEPS, batch_size=8, seq_len=8, lr=3e-3, epochs=STEPS, checkpoint_every=100)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread pool's
-    waiting makes each small op slow by orders of magnitude."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def backbone(tiny_models, char_tokenizer) -> HFBackbone:
-    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def corpus(char_tokenizer) -> torch.Tensor:
+def corpus(encode_sentences) -> torch.Tensor:
     """The two sentences, eight times each: (16, 8) token ids."""
-    return torch.tensor(char_tokenizer(SENTENCES, add_special_tokens=False)["input_ids"]).repeat(8, 1)
+    return encode_sentences(SENTENCES, copies=8)
 
 
 @pytest.fixture(scope="module")
-def trained(backbone, corpus, tmp_path_factory):
+def trained(llama_backbone, corpus, one_torch_thread, tmp_path_factory):
     """(model, its TrainResult, its checkpoint directory), trained once for the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     directory = tmp_path_factory.mktemp("ld4lg-checkpoints")
-    model = LD4LG(backbone, BUDGET, seed=0, **TINY)
-    result = model.fit(corpus, checkpoint_dir=directory, progress=False)
-    torch.set_num_threads(threads)
-    return model, result, directory
-
-
-def decode(tokenizer, ids: torch.Tensor) -> list[str]:
-    return [tokenizer.decode(row) for row in ids.tolist()]
+    model = LD4LG(llama_backbone, BUDGET, seed=0, **TINY)
+    return model, model.fit(corpus, checkpoint_dir=directory, progress=False), directory
 
 
 # -- the pieces -------------------------------------------------------------------------
@@ -139,7 +111,7 @@ def test_both_phases_learn_and_share_the_budget(trained):
 
 def test_samples_regenerate_the_training_sentences(trained, char_tokenizer):
     model, _, _ = trained
-    texts = decode(char_tokenizer, model.sample(12, 8, seed=3, batch_size=5))
+    texts = char_tokenizer.batch_decode(model.sample(12, 8, seed=3, batch_size=5))
     assert set(texts) == set(SENTENCES)  # every sample is one of them, and both modes are found
 
 
@@ -149,27 +121,27 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert model.sample(6, 8, seed=7).dtype == torch.long
 
 
-def test_resuming_a_finished_run_trains_nothing(trained, backbone, corpus):
+def test_resuming_a_finished_run_trains_nothing(trained, llama_backbone, corpus):
     model, _, directory = trained
-    again = LD4LG(backbone, BUDGET, seed=0, **TINY)
+    again = LD4LG(llama_backbone, BUDGET, seed=0, **TINY)
     result = again.fit(corpus, checkpoint_dir=directory, progress=False)
     assert result.resumed_from_step == STEPS and result.wall_seconds < 1.0
     assert torch.equal(again.sample(6, 8, seed=1), model.sample(6, 8, seed=1))
 
 
-def test_save_load_round_trip_gives_identical_samples(trained, backbone, tmp_path):
+def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):
     model, _, _ = trained
     model.save(tmp_path)
-    restored = LD4LG(backbone, BUDGET, seed=0, **TINY)
+    restored = LD4LG(llama_backbone, BUDGET, seed=0, **TINY)
     with pytest.raises(DihalError, match="not trained"):
         restored.sample(2, 8, seed=0)
     restored.load(tmp_path)
     assert torch.equal(restored.sample(6, 8, seed=5), model.sample(6, 8, seed=5))
 
 
-def test_missing_checkpoint_and_overlong_samples_are_refused(trained, backbone, tmp_path):
+def test_missing_checkpoint_and_overlong_samples_are_refused(trained, llama_backbone, tmp_path):
     with pytest.raises(DihalError, match="no trained checkpoint"):
-        LD4LG(backbone, BUDGET, **TINY).load(tmp_path)
+        LD4LG(llama_backbone, BUDGET, **TINY).load(tmp_path)
     with pytest.raises(DihalError, match="positions for 8"):
         trained[0].sample(1, 9, seed=0)
 
@@ -177,31 +149,31 @@ def test_missing_checkpoint_and_overlong_samples_are_refused(trained, backbone, 
 # -- the contract's bookkeeping --------------------------------------------------------
 
 
-def test_parameter_counts_match_what_the_optimizer_updates(backbone):
-    model = LD4LG(backbone, BUDGET, **TINY)
+def test_parameter_counts_match_what_the_optimizer_updates(llama_backbone):
+    model = LD4LG(llama_backbone, BUDGET, **TINY)
     counts = model.parameter_counts()
     assert set(counts) == {"compressor", "decoder", "denoiser"}
     assert sum(counts.values()) == count_trainable(model.module())
-    assert not any(p.requires_grad for p in backbone.model.parameters())
+    assert not any(p.requires_grad for p in llama_backbone.model.parameters())
 
 
-def test_allowance_sets_the_width(backbone):
+def test_allowance_sets_the_width(llama_backbone):
     allowance = 100_000
-    model = LD4LG(backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
+    model = LD4LG(llama_backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
     total = sum(model.parameter_counts().values())
     assert abs(total - allowance) <= 0.1 * allowance
     assert model.parts["denoiser"].in_proj.out_features % 4 == 0  # a multiple of 2·heads
     with pytest.raises(DihalError, match="smallest configuration"):
-        LD4LG(backbone, BUDGET.replace(param_allowance=1_000), **{**TINY, "d_model": None})
+        LD4LG(llama_backbone, BUDGET.replace(param_allowance=1_000), **{**TINY, "d_model": None})
 
 
-def test_bad_options_are_refused(backbone):
+def test_bad_options_are_refused(llama_backbone):
     with pytest.raises(DihalError, match="unknown option"):
-        LD4LG(backbone, BUDGET, latent_size=8)
+        LD4LG(llama_backbone, BUDGET, latent_size=8)
     with pytest.raises(DihalError, match="autoencoder_fraction"):
-        LD4LG(backbone, BUDGET, **{**TINY, "autoencoder_fraction": 1.0})
+        LD4LG(llama_backbone, BUDGET, **{**TINY, "autoencoder_fraction": 1.0})
     with pytest.raises(DihalError, match="out of range"):
-        LD4LG(backbone, BUDGET, **TINY, feature_layer=9)
+        LD4LG(llama_backbone, BUDGET, **TINY, feature_layer=9)
 
 
 def test_registers_under_its_name():

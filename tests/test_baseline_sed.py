@@ -2,57 +2,33 @@
 
 from __future__ import annotations
 
-import copy
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
+from dihal_builtin.baselines.common import pca_embeddings
 from dihal_builtin.baselines.schedules import cosine_alpha_bar
-from dihal_builtin.baselines.sed import SED, pca_embeddings, register_baselines
-from dihal_builtin.hf_backbone import HFBackbone
+from dihal_builtin.baselines.sed import SED, register_baselines
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)
 SMOLLM2_ALLOWANCE = 2_285_888  # the DiHAL bridge's size on SmolLM2-135M (width 576, vocabulary 49,152)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core machine the thread
-    pool's waiting makes each tiny op slow by orders of magnitude. Module scope, so that it
-    also covers the module-scoped training fixture."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def backbone(tiny_models, char_tokenizer) -> HFBackbone:
-    return HFBackbone(copy.deepcopy(tiny_models["llama"]), char_tokenizer, "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def smollm2_sized(char_tokenizer) -> HFBackbone:
-    """A one-layer random model with SmolLM2's vocabulary size: what the allowance sizing sees."""
-    config = LlamaConfig(vocab_size=49_152, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0, eos_token_id=1)
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return HFBackbone(LlamaForCausalLM(config), char_tokenizer, "smollm2-sized")
-
-
-def sentence_ids(tokenizer) -> torch.Tensor:
+def corpus(encode_sentences) -> torch.Tensor:
     """The two sentences, 16 copies each, as (32, 8) token ids."""
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in SENTENCES]
-    assert all(len(row) == 8 for row in rows)
-    return torch.tensor(rows * 16)
+    ids = encode_sentences(SENTENCES, copies=16)
+    assert ids.shape == (32, 8)
+    return ids
 
 
 def overfit_budget() -> Budget:
@@ -60,10 +36,10 @@ def overfit_budget() -> Budget:
 
 
 @pytest.fixture(scope="module")
-def trained(backbone):
+def trained(llama_backbone, corpus, one_torch_thread):
     """(model, training result): SED trained to overfit the two sentences."""
-    model = SED(backbone, overfit_budget(), seed=0, **TINY)
-    result = model.fit(sentence_ids(backbone.tokenizer), progress=False)
+    model = SED(llama_backbone, overfit_budget(), seed=0, **TINY)
+    result = model.fit(corpus, progress=False)
     return model, result
 
 
@@ -96,9 +72,9 @@ def test_pca_embeddings_known_answer():
     backbone = SimpleNamespace(vocab_size=6, width=3, device=torch.device("cpu"), embed=lambda ids: table[ids])
     r = math.sqrt(2)
     expected = torch.tensor([[r, 0], [-r, 0], [r, 0], [-r, 0], [0, r], [0, -r]])
-    torch.testing.assert_close(pca_embeddings(backbone, 2), expected, atol=1e-6, rtol=0)
-    with pytest.raises(DihalError, match="embed_dim must be in 1..3"):
-        pca_embeddings(backbone, 4)
+    torch.testing.assert_close(pca_embeddings(backbone, 2, "sed"), expected, atol=1e-6, rtol=0)
+    with pytest.raises(DihalError, match="sed: embed_dim must be in 1..3"):
+        pca_embeddings(backbone, 4, "sed")
 
 
 # -- the baseline -----------------------------------------------------------------------
@@ -111,9 +87,9 @@ def test_registers_under_its_name():
     assert "Strudel et al. 2022" in registered["sed"][1]["description"]
 
 
-def test_fixed_embeddings_and_readout_initialised_to_their_transpose(backbone):
-    model = SED(backbone, overfit_budget(), **TINY)
-    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((backbone.vocab_size,), math.sqrt(8)))
+def test_fixed_embeddings_and_readout_initialised_to_their_transpose(llama_backbone):
+    model = SED(llama_backbone, overfit_budget(), **TINY)
+    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((llama_backbone.vocab_size,), math.sqrt(8)))
     assert torch.equal(model.readout.weight, model.embeddings)  # weight = Rᵀ = E
     assert model.readout.weight.requires_grad
     assert all(p is not model.embeddings for p in model.module().parameters())
@@ -125,9 +101,9 @@ def test_loss_decreases(trained):
     assert last < 0.3 * first
 
 
-def test_overfit_model_regenerates_the_training_sentences(trained, backbone):
+def test_overfit_model_regenerates_the_training_sentences(trained, llama_backbone):
     model, _ = trained
-    texts = backbone.tokenizer.batch_decode(model.sample(16, 8, seed=0, batch_size=8))
+    texts = llama_backbone.tokenizer.batch_decode(model.sample(16, 8, seed=0, batch_size=8))
     assert set(texts) == set(SENTENCES)  # every sample is a training sentence, and both occur
 
 
@@ -152,9 +128,9 @@ def test_sampling_conditions_each_step_on_the_previous_estimate(trained):
         assert torch.equal(after[..., 8:], before)
 
 
-def test_training_self_conditions_with_the_given_probability(backbone):
-    batch = {"ids": sentence_ids(backbone.tokenizer)[:4]}
-    always = SED(backbone, overfit_budget(), **TINY, self_condition=1.0)
+def test_training_self_conditions_with_the_given_probability(llama_backbone, corpus):
+    batch = {"ids": corpus[:4]}
+    always = SED(llama_backbone, overfit_budget(), **TINY, self_condition=1.0)
     calls, _ = denoiser_calls(always)
     always.loss(batch, torch.Generator().manual_seed(0))
     assert len(calls) == 2
@@ -162,43 +138,43 @@ def test_training_self_conditions_with_the_given_probability(backbone):
     assert not first.requires_grad and second.requires_grad  # the first pass is under stop-gradient
     assert torch.equal(second_input[..., 8:], first)
 
-    never = SED(backbone, overfit_budget(), **TINY, self_condition=0.0)
+    never = SED(llama_backbone, overfit_budget(), **TINY, self_condition=0.0)
     calls, _ = denoiser_calls(never)
     never.loss(batch, torch.Generator().manual_seed(0))
     assert len(calls) == 1 and not calls[0][0][..., 8:].any()
 
 
-def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, backbone):
+def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone):
     model, _ = trained
     counts = model.parameter_counts()
-    assert counts["readout"] == backbone.vocab_size * 8
+    assert counts["readout"] == llama_backbone.vocab_size * 8
     assert sum(counts.values()) == count_trainable(model.module())
-    assert not any(p.requires_grad for p in backbone.model.parameters())
+    assert not any(p.requires_grad for p in llama_backbone.model.parameters())
 
 
-def test_allowance_sizes_the_denoiser(smollm2_sized):
-    model = SED(smollm2_sized, Budget(param_allowance=SMOLLM2_ALLOWANCE))
+def test_allowance_sizes_the_denoiser(smollm2_sized_backbone):
+    model = SED(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE))
     # d_model 128: 3 blocks 594,816 + in/out projections 12,448 + time MLP 33,024 + 64 positions 8,192 + norm 256
     assert model.parameter_counts() == {"denoiser": 648_736, "readout": 1_572_864}
     assert abs(model.budget.check_allowance(model.parameter_counts())) < 0.10
 
 
-def test_impossible_allowance_names_the_smallest_count(smollm2_sized):
+def test_impossible_allowance_names_the_smallest_count(smollm2_sized_backbone):
     with pytest.raises(DihalError, match=r"sed .*allowance 1,000,000.* 1,618,336 trainable"):
-        SED(smollm2_sized, Budget(param_allowance=1_000_000))  # the 32×49,152 readout alone is 1.57M
+        SED(smollm2_sized_backbone, Budget(param_allowance=1_000_000))  # the 32×49,152 readout alone is 1.57M
 
 
-def test_save_load_round_trip_gives_identical_samples(trained, backbone, tmp_path):
+def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):
     model, _ = trained
     model.save(tmp_path)
-    restored = SED(backbone, overfit_budget(), seed=1, **TINY)  # another init: the weights must come from disk
+    restored = SED(llama_backbone, overfit_budget(), seed=1, **TINY)  # another init: the weights must come from disk
     restored.load(tmp_path)
     assert torch.equal(restored.readout.weight, model.readout.weight)
     assert torch.equal(restored.sample(6, 8, seed=2), model.sample(6, 8, seed=2))
 
 
-def test_sampling_needs_training_or_a_checkpoint(backbone, tmp_path):
-    model = SED(backbone, overfit_budget(), **TINY)
+def test_sampling_needs_training_or_a_checkpoint(llama_backbone, tmp_path):
+    model = SED(llama_backbone, overfit_budget(), **TINY)
     with pytest.raises(DihalError, match="not trained"):
         model.sample(2, 8, seed=0)
     with pytest.raises(DihalError, match="no trained checkpoint"):

@@ -19,14 +19,7 @@ VOCAB = 128  # the tiny models' (conftest.py)
 WINDOW = 8  # the tiny Gemma3's sliding window: generated lengths go well beyond it
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core machine the thread
-    pool's waiting makes each small op slow by orders of magnitude."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

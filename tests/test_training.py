@@ -14,14 +14,7 @@ from dihal_bench.errors import DihalError
 from dihal_bench.training import batch_indices, count_trainable, learning_rate, train
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Toy tensors gain nothing from threads, and on a shared 2-core machine the thread
-    pool's waiting makes each tiny op slow by orders of magnitude."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- Budget ---------------------------------------------------------------------------

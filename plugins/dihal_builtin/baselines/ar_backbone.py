@@ -18,7 +18,7 @@ from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import check_sampling, intact_control
 from dihal_bench.training import TrainResult
 
-from .diffusion_lm import parse_options
+from .common import parse_options
 
 
 @dataclass(frozen=True)

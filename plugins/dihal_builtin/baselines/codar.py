@@ -15,29 +15,35 @@ from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import check_sampling
 
-from .diffusion_lm import Denoiser, EmbeddingDiffusion, parse_options
-from .ld4lg import TokenDecoder, embedding_table, width_for_allowance
-from .schedules import cosine_alpha_bar, noised, reverse_step
-from .sed import pca_embeddings
+from .common import (
+    Denoiser,
+    DiffusionBaseline,
+    DiffusionOptions,
+    TokenDecoder,
+    embedding_table,
+    pca_embeddings,
+    seeded_init,
+    width_for_allowance,
+)
+from .schedules import cosine_alpha_bar, noised, reverse_chain
 
 
 @dataclass(frozen=True)
-class CoDAROptions:
+class CoDAROptions(DiffusionOptions):
+    """CoDAR's options, besides max_len, steps and eta (see DiffusionOptions)."""
+
     embed_dim: int = 32  # d of the diffusion space: SED's, so the two differ in the rounding alone
     d_model: int | None = None  # width of denoiser and decoder; None: sized to the allowance
     heads: int = 4
     denoiser_layers: int = 3
     decoder_layers: int = 2
     dropout: float = 0.0
-    max_len: int | None = None  # learned positions; None: the budget's seq_len
     negatives: int = 1024  # uniform tokens per step in the decoder's sampled softmax
-    steps: int = 50  # reverse steps in sampling
-    eta: float = 1.0  # 1: ancestral (DDPM) steps; 0: deterministic DDIM
     temperature: float = 1.0  # the decoder's; 0 is greedy: the fluency-diversity knob
     top_p: float = 1.0  # the decoder's nucleus
 
 
-class CoDAR(EmbeddingDiffusion):
+class CoDAR(DiffusionBaseline):
     """CoDAR: Gaussian diffusion over a sequence of token embeddings; an autoregressive decoder then
     turns the denoised sequence into tokens ("contextualised rounding").
 
@@ -47,11 +53,11 @@ class CoDAR(EmbeddingDiffusion):
 
     Our choices where the paper is not available:
     - space: SED's, the backbone's frozen input table projected to d = 32 by a fixed PCA, each
-      row rescaled to norm √d (``sed.pca_embeddings``); CoDAR reports that larger d hurts, and a
+      row rescaled to norm √d (``common.pca_embeddings``); CoDAR reports that larger d hurts, and a
       shared space makes SED vs CoDAR a comparison of per-token against contextual rounding.
     - diffusion: ᾱ(t) = cos²(πt/2), x₀-prediction by MSE, the bidirectional denoiser the other
       baselines use (3 layers); no self-conditioning (not mentioned in the abstract).
-    - decoder: the TokenDecoder of ``ld4lg.py`` (2 causal layers, cross-attention in every
+    - decoder: LD4LG's TokenDecoder (``common.py``) (2 causal layers, cross-attention in every
       block, tied to the frozen full-width table through trainable projections, sampled-softmax
       cross-entropy); one width for denoiser and decoder, sized to the allowance.
     - joint training, loss = MSE + decoder cross-entropy, with the decoder reading the
@@ -66,17 +72,17 @@ class CoDAR(EmbeddingDiffusion):
 
     name = "codar"
     paper = "Shen, Zhao, He, Lin 2026, CoDAR: continuous diffusion with an autoregressive decoder, arXiv 2603.02547"
+    options_class = CoDAROptions
+    settings: CoDAROptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        self.settings = opts = parse_options(self.name, CoDAROptions, options)
-        if min(opts.steps, opts.negatives) < 1 or opts.eta < 0:
-            raise DihalError(f"{self.name}: steps and negatives must be at least 1, eta non-negative")
-        if not 1 <= opts.embed_dim <= backbone.width:
-            raise DihalError(f"{self.name}: embed_dim must be in 1..{backbone.width} (the backbone's width), "
-                             f"got {opts.embed_dim}")
+        opts = self.settings
+        self.check_ranges(("steps", "negatives"))
+        # frozen, not a component: the diffusion space; the PCA also checks embed_dim
+        self.embeddings = pca_embeddings(backbone, opts.embed_dim, self.name).to(backbone.device)
         check_sampling(opts.temperature, opts.top_p)
-        self.max_len, self.steps = opts.max_len or budget.seq_len, opts.steps
+        self.table = embedding_table(backbone)  # frozen, not a component: the table the decoder reads and scores
 
         def build(d_model: int) -> nn.ModuleDict:
             if d_model % opts.heads:
@@ -89,11 +95,7 @@ class CoDAR(EmbeddingDiffusion):
             })
 
         d_model = opts.d_model or width_for_allowance(self.name, budget, build, opts.heads)
-        # both frozen, not components: the diffusion space and the table the decoder reads and scores
-        self.embeddings = pca_embeddings(backbone, opts.embed_dim).to(backbone.device)
-        self.table = embedding_table(backbone)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_init(seed):
             self.parts = build(d_model).to(backbone.device)
 
     def components(self) -> dict[str, nn.Module]:
@@ -115,17 +117,9 @@ class CoDAR(EmbeddingDiffusion):
         return denoising + rounding
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        opts, device = self.settings, self.table.device
-        x = torch.randn(n, seq_len, opts.embed_dim, generator=generator, device=device)
-        for k in range(opts.steps, 0, -1):
-            t = torch.full((n,), k / opts.steps, device=device)
-            x0_hat = self.parts["denoiser"](x, t)
-            bar.update(1)
-            if k > 1:
-                alpha_t = cosine_alpha_bar(t)[:, None, None]
-                alpha_s = cosine_alpha_bar(torch.full((n,), (k - 1) / opts.steps, device=device))[:, None, None]
-                noise = torch.randn(x.shape, generator=generator, device=device)
-                x = reverse_step(x, x0_hat, alpha_t, alpha_s, opts.eta, noise)
+        opts = self.settings
+        x0_hat = reverse_chain(lambda x_t, t, _previous: self.parts["denoiser"](x_t, t), (n, seq_len, opts.embed_dim),
+                               self.steps, cosine_alpha_bar, opts.eta, generator, bar)
         return self.parts["decoder"].generate(x0_hat, self.table, seq_len, opts.temperature, opts.top_p, generator)
 
 

@@ -1,8 +1,8 @@
 """What several baselines share, kept apart so that no baseline imports another's module.
 
 - options: ``parse_options`` (every baseline) and ``seeded_init``;
-- ``DiffusionBaseline``: the trained-or-loaded guard and the seeded, batched sampling loop of
-  every diffusion baseline, with its option checks;
+- ``DiffusionBaseline`` and its ``DiffusionOptions``: the trained-or-loaded guard, the seeded,
+  batched sampling loop and the option checks of every diffusion baseline;
 - the time-conditioned bidirectional ``Denoiser`` (Diffusion-LM's recipe, also SED's, LD4LG's and
   CoDAR's) and the two rules that size a width to the parameter allowance;
 - reading tokens out of vectors: the rounding cross-entropy and argmax scoring against a table
@@ -20,8 +20,9 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -77,18 +78,27 @@ def seeded_init(seed: int) -> Iterator[None]:
 # -- the diffusion baselines' contract -------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DiffusionOptions:
+    """The options of every diffusion baseline, those DiffusionBaseline reads; each baseline's
+    options dataclass extends it."""
+
+    max_len: int | None = None  # learned token positions; None: the budget's seq_len
+    steps: int = 50  # reverse steps in sampling
+    eta: float = 1.0  # 1: ancestral (DDPM) steps; 0: deterministic DDIM
+
+
 class DiffusionBaseline(Baseline):
     """A baseline that generates through a reverse diffusion chain of ``steps`` denoiser calls.
 
-    Subclasses name their options dataclass in ``options_class`` (with ``steps``, ``eta`` and
-    ``max_len`` among its fields), build their modules in ``__init__`` and implement
-    ``sample_batch``; this class parses the options into ``settings``, supplies the training data
-    (the token ids; a subclass that reads backbone features overrides it), the trained-or-loaded
-    guard and the batched, seeded sampling loop.
+    Subclasses name their options dataclass, a DiffusionOptions, in ``options_class``, build
+    their modules in ``__init__`` and implement ``sample_batch``; this class parses the options
+    into ``settings``, supplies the training data (the token ids; a subclass that reads backbone
+    features overrides it), the trained-or-loaded guard and the batched, seeded sampling loop.
     """
 
-    options_class: type
-    settings: Any
+    options_class: type[DiffusionOptions]
+    settings: DiffusionOptions
     trained: bool = False
     steps_option = "steps"
 

@@ -17,6 +17,7 @@ from dihal_bench.errors import DihalError
 from .common import (
     Denoiser,
     DiffusionBaseline,
+    DiffusionOptions,
     best_scoring_rows,
     denoiser_width,
     rounding_cross_entropy,
@@ -26,15 +27,14 @@ from .schedules import noised, reverse_chain, sqrt_alpha_bar
 
 
 @dataclass(frozen=True)
-class DiffusionLMOptions:
+class DiffusionLMOptions(DiffusionOptions):
+    """Diffusion-LM's options, besides max_len, steps and eta (see DiffusionOptions)."""
+
     embed_dim: int = 32  # d of the learned embedding space (the paper: 16 on E2E, 128 on ROCStories)
     d_model: int | None = None  # denoiser width; None: sized to the budget's parameter allowance
     layers: int = 3
     heads: int = 4
     dropout: float = 0.0
-    max_len: int | None = None  # learned positions; None: the budget's seq_len
-    steps: int = 50  # reverse steps in sampling
-    eta: float = 1.0  # 1: ancestral sampling, as the paper; 0: deterministic DDIM
     clamp: bool = True  # the clamping trick
     rounding_tokens: int = 64  # positions per step scored by the rounding cross-entropy
     anchor_share: float = 1 / 16  # probability that a training sequence draws t = 0, the anchor term

@@ -1,16 +1,9 @@
 """LD4LG, latent diffusion for language (Lovelace et al. 2023, arXiv 2212.09462), rebuilt on the
-frozen backbone.
-
-Also home of what CoDAR (``codar.py``) shares with it, since both read text out of a continuous
-sequence with an autoregressive decoder: the token decoder tied to the backbone's embedding
-table, its sampled-softmax cross-entropy, and the sizing of one shared width to the allowance.
-"""
+frozen backbone."""
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,143 +14,24 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import Baseline
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import sample_next_token
 from dihal_bench.training import TrainResult, batch_indices, train
 
 from ..layers import Block
-from .diffusion_lm import Denoiser, parse_options
-from .schedules import cosine_alpha_bar, noised, reverse_step
+from .common import (
+    Denoiser,
+    DiffusionBaseline,
+    DiffusionOptions,
+    TokenDecoder,
+    embedding_table,
+    seeded_init,
+    width_for_allowance,
+)
+from .schedules import cosine_alpha_bar, noised, reverse_chain
 
-#: the shared width when the budget sets no parameter allowance
-DEFAULT_D_MODEL = 128
 #: sequences per backbone forward pass while extracting features
 FEATURE_BATCH = 16
-
-
-def embedding_table(backbone: Backbone) -> Tensor:
-    """The backbone's embedding output for every token, (V, width) float32: row w is what the
-    backbone itself feeds its first layer for token w."""
-    vocabulary = torch.arange(backbone.vocab_size, device=backbone.device)
-    return backbone.embed(vocabulary[None])[0].float()
-
-
-def width_for_allowance(method: str, budget: Budget, build: Callable[[int], nn.Module], heads: int) -> int:
-    """The width d (a multiple of 2·heads) whose ``build(d)``, holding every trained component,
-    has the trainable count closest to ``budget.param_allowance``; DEFAULT_D_MODEL without one.
-
-    The grid is finer than 8·heads because the count grows like d²: at d ≈ 160 one step of 32
-    changes it by ~40%, more than the ±10% window, so an allowance could fall between steps.
-    """
-    if budget.param_allowance is None:
-        return DEFAULT_D_MODEL
-    allowance, step = budget.param_allowance, 2 * heads
-
-    @functools.cache
-    def total(width: int) -> int:
-        with torch.device("meta"):  # shapes only: no memory, no random draws
-            return sum(p.numel() for p in build(width).parameters() if p.requires_grad)
-
-    widths = [4 * step]  # head dimension 8 at the least
-    while total(widths[-1]) < allowance:  # the count grows with d: none past this one is closer
-        widths.append(widths[-1] + step)
-    best = min(widths, key=lambda width: abs(total(width) - allowance))
-    if abs(total(best) - allowance) <= budget.allowance_tolerance * allowance:
-        return best
-    if best == widths[0]:
-        raise DihalError(f"{method} cannot fit the parameter allowance {allowance:,}: its smallest configuration "
-                         f"(d_model {best}) has {total(best):,} trainable parameters; raise budget.param_allowance "
-                         f"or use fewer layers")
-    raise DihalError(f"{method}: no d_model (multiples of {step}) lands within ±{budget.allowance_tolerance:.0%} of "
-                     f"the allowance {allowance:,}; the closest is d_model {best} with {total(best):,}; set d_model")
-
-
-def sampled_cross_entropy(hidden: Tensor, targets: Tensor, embed: Callable[[Tensor], Tensor], vocab_size: int,
-                          negatives: int, generator: torch.Generator) -> Tensor:
-    """Mean over positions of −log softmax_v(h_i · u_v)[w_i], for hidden vectors h (..., d), target
-    ids w (...) and output embeddings u_v = ``embed(v)`` (d) of the ``vocab_size`` tokens, with each
-    normaliser Z_i = Σ_v exp(h_i · u_v) estimated instead of summed over the whole vocabulary:
-    exactly over the tokens U that are targets somewhere in the batch, and from ``negatives``
-    tokens R drawn uniformly without replacement from the rest, weighted (V − |U|)/|R|, an
-    unbiased estimate of the remaining sum (a stratified sampled softmax, cf. Jean et al. 2015,
-    arXiv 1412.2007). Exact once ``negatives`` ≥ V − |U|.
-
-    Why: the full softmax over SmolLM2's 49,152 tokens at the 1,024 positions of a 16×64 batch
-    costs ~1 s per step on a CPU thread; this one a few hundredths, and unlike scoring a subset
-    of positions it keeps every position's gradient.
-    """
-    vectors, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    present, target_index = targets.unique(return_inverse=True)
-    absent = torch.ones(vocab_size, dtype=torch.bool, device=targets.device)
-    absent[present] = False
-    others = absent.nonzero()[:, 0]
-    log_weight = 0.0
-    if negatives < len(others):
-        log_weight = math.log(len(others) / negatives)
-        others = others[torch.randperm(len(others), generator=generator, device=targets.device)[:negatives]]
-    bias = torch.zeros(len(present) + len(others), device=vectors.device)
-    bias[len(present):] = log_weight
-    logits = F.linear(vectors, embed(torch.cat([present, others])), bias)
-    return F.cross_entropy(logits, target_index)
-
-
-class TokenDecoder(nn.Module):
-    """p(w_i | w_<i, memory): a causal pre-LN transformer over tokens that cross-attends, in every
-    block, to a memory sequence (n, M, memory_dim).
-
-    Tokens enter and leave through the backbone's frozen embedding table E (V, width), to stay
-    within the parameter allowance: the input vector of token w is in_proj(E[w]), its output
-    embedding out_proj(E[w]) (two trainable width → d_model projections), and the logit of w
-    after hidden state h is h · out_proj(E[w]). Projecting the scored rows into the decoder's
-    space, rather than h into the table's, makes each logit cost d_model multiplications
-    instead of width. A learned start vector stands before position 0. E is the caller's.
-    """
-
-    def __init__(self, width: int, memory_dim: int, memory_len: int, d_model: int, layers: int, heads: int,
-                 max_len: int, dropout: float):
-        super().__init__()
-        self.max_len = max_len
-        self.in_proj = nn.Linear(width, d_model)
-        self.start = nn.Parameter(torch.zeros(d_model))
-        self.position = nn.Embedding(max_len, d_model)
-        self.memory_proj = nn.Linear(memory_dim, d_model)
-        self.memory_position = nn.Embedding(memory_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=True, cross=True) for _ in range(layers))
-        self.final_norm = nn.LayerNorm(d_model)
-        # no bias: a bias b would add h·b to every logit of a position, which the softmax ignores
-        self.out_proj = nn.Linear(width, d_model, bias=False)
-
-    def forward(self, previous: Tensor, memory: Tensor) -> Tensor:
-        """Hidden states (n, k+1, d_model) that predict tokens 0..k, from the table rows
-        (n, k, width) of tokens 0..k−1 and the memory."""
-        n, k = previous.shape[:2]
-        h = torch.cat([self.start.expand(n, 1, -1), self.in_proj(previous)], dim=1)
-        h = h + self.position(torch.arange(k + 1, device=h.device))
-        memory = self.memory_proj(memory) + self.memory_position(torch.arange(memory.shape[1], device=h.device))
-        for block in self.blocks:
-            h = block(h, memory)
-        return self.final_norm(h)
-
-    def cross_entropy(self, ids: Tensor, memory: Tensor, table: Tensor, negatives: int,
-                      generator: torch.Generator) -> Tensor:
-        """Teacher-forced cross-entropy of the ids (n, T) given the memory (see sampled_cross_entropy)."""
-        hidden = self(table[ids[:, :-1]], memory)
-        return sampled_cross_entropy(hidden, ids, lambda rows: self.out_proj(table[rows]), len(table), negatives,
-                                     generator)
-
-    @torch.no_grad()
-    def generate(self, memory: Tensor, table: Tensor, length: int, temperature: float, top_p: float,
-                 generator: torch.Generator) -> Tensor:
-        """Token ids (n, length), one position at a time over the full vocabulary; temperature 0 is
-        greedy. The whole prefix is re-run at each step (T ≤ max_len is short; no cache needed)."""
-        output_embeddings = self.out_proj(table)
-        ids = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
-        for _ in range(length):
-            logits = self(table[ids], memory)[:, -1] @ output_embeddings.T
-            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
-        return ids
 
 
 class Compressor(nn.Module):
@@ -197,7 +71,9 @@ def x0_from_v(z_t: Tensor, alpha_bar: Tensor, v: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class LD4LGOptions:
+class LD4LGOptions(DiffusionOptions):
+    """LD4LG's options, besides max_len, steps and eta (see DiffusionOptions)."""
+
     latents: int = 16  # ℓ, learned queries (the paper: 32)
     latent_dim: int = 64  # d_ae, as the paper
     d_model: int | None = None  # width of compressor, decoder and denoiser; None: sized to the allowance
@@ -207,15 +83,12 @@ class LD4LGOptions:
     denoiser_layers: int = 3  # the paper: 12
     feature_layer: int | None = None  # hidden-state index the compressor reads; None: after the final norm
     dropout: float = 0.0
-    max_len: int | None = None  # learned token positions; None: the budget's seq_len
     autoencoder_fraction: float = 0.5  # share of the budget's steps spent on the autoencoder
     self_condition: float = 0.5  # probability of the self-conditioned pass in training; 0 turns it off
     negatives: int = 1024  # uniform tokens per step in the decoder's sampled softmax
-    steps: int = 50  # reverse steps in sampling
-    eta: float = 1.0  # 1: ancestral (DDPM) steps, as the paper; 0: deterministic DDIM
 
 
-class LD4LG(Baseline):
+class LD4LG(DiffusionBaseline):
     """LD4LG: an autoencoder from text to a short sequence of continuous latents, and a diffusion
     model over those latents.
 
@@ -233,9 +106,9 @@ class LD4LG(Baseline):
       (DESIGN.md §3); ``feature_layer`` reads hidden-state index ℓ instead. The states of every
       training sequence are computed once, before training.
     - the decoder is trained from scratch (the paper feeds a frozen BART decoder) and is tied to
-      the backbone's frozen embedding table through two trainable projections (see TokenDecoder),
-      scored with a sampled softmax in training (see sampled_cross_entropy); it decodes greedily
-      (the paper: beam search, 4 beams).
+      the backbone's frozen embedding table through two trainable projections (see
+      ``common.TokenDecoder``), scored with a sampled softmax in training (see
+      ``common.sampled_cross_entropy``); it decodes greedily (the paper: beam search, 4 beams).
     - 16 latents, 1 compressor layer, 2 decoder and 3 denoiser layers, one width for all three
       sized to the allowance (the paper: 32 latents, 3 + 3 layers, a 12-layer width-768 denoiser
       with GeGLU, AdaLN and dense skips); time enters by addition, as in the other baselines.
@@ -249,20 +122,17 @@ class LD4LG(Baseline):
 
     name = "ld4lg"
     paper = "Lovelace et al. 2023, Latent Diffusion for Language Generation, arXiv 2212.09462"
-    steps_option = "steps"
+    options_class = LD4LGOptions
+    settings: LD4LGOptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        self.settings = opts = parse_options(self.name, LD4LGOptions, options)
-        if min(opts.latents, opts.latent_dim, opts.steps, opts.negatives) < 1 or opts.eta < 0:
-            raise DihalError(f"{self.name}: latents, latent_dim, steps and negatives must be at least 1, "
-                             f"eta non-negative")
+        opts = self.settings
+        self.check_ranges(("latents", "latent_dim", "steps", "negatives"))
         if not 0 < opts.autoencoder_fraction < 1 or not 0 <= opts.self_condition <= 1:
             raise DihalError(f"{self.name}: autoencoder_fraction must be in (0, 1) and self_condition in [0, 1]")
         if opts.feature_layer is not None:
             backbone.check_layer(opts.feature_layer, allow_last=True)
-        self.max_len = opts.max_len or budget.seq_len
-        self.trained = False
 
         def build(d_model: int) -> nn.ModuleDict:
             if d_model % opts.heads:
@@ -280,8 +150,7 @@ class LD4LG(Baseline):
 
         d_model = opts.d_model or width_for_allowance(self.name, budget, build, opts.heads)
         self.table = embedding_table(backbone)  # frozen: not a component
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_init(seed):
             self.parts = build(d_model).to(backbone.device)
 
     def components(self) -> dict[str, nn.Module]:
@@ -377,40 +246,18 @@ class LD4LG(Baseline):
             resumed_from_step=resumed,
         )
 
-    def load(self, directory: Path) -> None:
-        super().load(directory)
-        self.trained = True
-
     # -- sampling -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
-        if not self.trained:
-            raise DihalError(f"{self.name}: not trained; train it (fit) or load a checkpoint before sampling")
-        if seq_len > self.max_len:
-            raise DihalError(f"{self.name}: cannot sample {seq_len} tokens, it has positions for {self.max_len}")
-        self.module().eval()
-        generator = torch.Generator(device=self.table.device).manual_seed(seed)
-        samples = []
-        for start in tqdm(range(0, n, batch_size), desc=self.name, disable=not progress, leave=False):
-            latents = self.sample_latents(min(batch_size, n - start), generator)
-            samples.append(self.parts["decoder"].generate(latents, self.table, seq_len, 0.0, 1.0, generator).cpu())
-        return torch.cat(samples)
+    def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+        """Token ids (n, seq_len): the latents x̂₀ at the end of one reverse chain from N(0, I),
+        self-conditioned where training was, decoded greedily."""
+        opts = self.settings
 
-    def sample_latents(self, n: int, generator: torch.Generator) -> Tensor:
-        """x̂₀ (n, latents, latent_dim) at the end of one self-conditioned reverse chain from N(0, I)."""
-        opts, device = self.settings, self.table.device
-        z = torch.randn(n, opts.latents, opts.latent_dim, generator=generator, device=device)
-        x0_hat = torch.zeros_like(z)
-        for k in range(opts.steps, 0, -1):
-            t = torch.full((n,), k / opts.steps, device=device)
-            alpha_t = cosine_alpha_bar(t)[:, None, None]
-            previous = x0_hat if opts.self_condition > 0 else torch.zeros_like(z)  # as in training
-            x0_hat = x0_from_v(z, alpha_t, self.denoise(z, t, previous))
-            if k > 1:
-                alpha_s = cosine_alpha_bar(torch.full((n,), (k - 1) / opts.steps, device=device))[:, None, None]
-                noise = torch.randn(z.shape, generator=generator, device=device)
-                z = reverse_step(z, x0_hat, alpha_t, alpha_s, opts.eta, noise)
-        return x0_hat
+        def predict_x0(z_t: Tensor, t: Tensor, previous: Tensor) -> Tensor:
+            return x0_from_v(z_t, cosine_alpha_bar(t)[:, None, None], self.denoise(z_t, t, previous))
+
+        latents = reverse_chain(predict_x0, (n, opts.latents, opts.latent_dim), self.steps, cosine_alpha_bar, opts.eta,
+                                generator, bar, self_condition=opts.self_condition > 0)
+        return self.parts["decoder"].generate(latents, self.table, seq_len, 0.0, 1.0, generator)
 
 
 @hookimpl

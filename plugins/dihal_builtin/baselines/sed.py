@@ -17,6 +17,7 @@ from dihal_bench.errors import DihalError
 from .common import (
     Denoiser,
     DiffusionBaseline,
+    DiffusionOptions,
     best_scoring_rows,
     denoiser_width,
     pca_embeddings,
@@ -27,15 +28,14 @@ from .schedules import cosine_alpha_bar, noised, reverse_chain
 
 
 @dataclass(frozen=True)
-class SEDOptions:
+class SEDOptions(DiffusionOptions):
+    """SED's options, besides max_len, steps and eta (see DiffusionOptions)."""
+
     embed_dim: int = 32  # d of the fixed embedding space (the paper's best, Table 7)
     d_model: int | None = None  # denoiser width; None: sized to the budget's parameter allowance
     layers: int = 3
     heads: int = 4
     dropout: float = 0.0
-    max_len: int | None = None  # learned positions; None: the budget's seq_len
-    steps: int = 50  # reverse steps in sampling
-    eta: float = 1.0  # 1: ancestral sampling; 0: deterministic DDIM
     self_condition: float = 0.5  # probability of the self-conditioned pass in training; 0 turns it off
     rounding_tokens: int = 64  # positions per step scored by the readout cross-entropy
 
