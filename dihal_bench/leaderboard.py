@@ -556,11 +556,6 @@ def check_formats(formats: Iterable[str]) -> list[str]:
     for name in formats:
         if name not in FORMAT_SUFFIXES:
             raise unknown_name("leaderboard format", name, FORMAT_SUFFIXES)
-    if "latex" in formats:
-        try:
-            import jinja2  # noqa: F401  (pandas' to_latex needs it)
-        except ImportError:
-            raise DihalError("the latex leaderboard format needs jinja2: pip install jinja2") from None
     return formats
 
 

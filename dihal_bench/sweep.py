@@ -210,8 +210,6 @@ def format_sweep(result: dict) -> str:
 
 def write_sweep_outputs(result: dict, out_dir: Path) -> list[Path]:
     """sweep.json, sweep.csv and sweep.png (score vs bridge MSE), rendered first, then written atomically."""
-    import io
-
     import pandas as pd
 
     from dihal_bench.locate import figure_png

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError

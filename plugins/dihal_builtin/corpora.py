@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import itertools
 import json
 import sys
 import sysconfig
