@@ -254,9 +254,8 @@ def run_seed(run: Run, seed: int) -> dict:
 def sweep_layer(run: Run, spec: BridgeSpec, layer: int) -> dict:
     """Train and evaluate the sweep's bridge for ``layer`` under the sweep's fixed protocol."""
     config = run.config
-    job = {**run.identity(), "layer": layer, "bridge": spec.name, "options": spec.options,
-           "budget": spec.budget.to_dict(), "sample_steps": spec.sample_steps,
-           "sink_passthrough": spec.sink_passthrough, "eval_sequences": config["sweep"]["eval_sequences"]}
+    job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer,
+           "eval_sequences": config["sweep"]["eval_sequences"]}
 
     def work(folder: Path) -> dict:
         train = run.train_states(spec.budget)
@@ -270,9 +269,7 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int) -> dict:
 def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int) -> dict:
     """DiHAL at ``layer`` under the matched budget: train, evaluate, sample."""
     config = run.config
-    train_job = {**run.identity(), "layer": layer, "bridge": spec.name, "options": spec.options,
-                 "budget": spec.budget.to_dict(), "sample_steps": spec.sample_steps,
-                 "sink_passthrough": spec.sink_passthrough}
+    train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer}
 
     def train_work(folder: Path) -> dict:
         budget.check_allowance({"bridge": spec.parameter_count(run.backbone.width)}, name=f"DiHAL bridge (layer {layer})")

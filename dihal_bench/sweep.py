@@ -42,6 +42,13 @@ class BridgeSpec:
     def parameter_count(self, width: int) -> int:
         return count_trainable(self.build(width))
 
+    def identity(self, width: int) -> dict:
+        """What a trained bridge depends on, for job hashes. The parameter count stands in for
+        the architecture, so that a changed bridge implementation does not reuse stale jobs."""
+        return {"bridge": self.name, "options": self.options, "budget": self.budget.to_dict(),
+                "sample_steps": self.sample_steps, "sink_passthrough": self.sink_passthrough,
+                "bridge_parameters": self.parameter_count(width)}
+
 
 def auto_layers(num_layers: int, chosen: int, count: int = 10) -> list[int]:
     """About ``count`` candidate layers spread evenly over 1..L-1, always including ℓ*."""

@@ -232,3 +232,13 @@ def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
         if method["in_budget"]:
             assert abs(sum(method["parameters"].values()) - allowance) <= 0.1 * allowance, name
         assert method["metrics"]["gen_ppl"] > 1
+
+
+def test_bridge_job_identity_changes_with_the_architecture():
+    from dihal_bench.sweep import BridgeSpec
+    from dihal_bench.training import count_trainable
+    from dihal_builtin.bridge import DihalBridge
+
+    small, wide = BridgeSpec(options={"d_model": 32, "heads": 2}), BridgeSpec(options={"d_model": 64, "heads": 2})
+    assert small.identity(16)["bridge_parameters"] == count_trainable(DihalBridge(16, d_model=32, heads=2))
+    assert spec_hash("dihal-train", small.identity(16)) != spec_hash("dihal-train", wide.identity(16))
