@@ -20,7 +20,8 @@ from dihal_bench.backbone import load_backbone
 from dihal_bench.corpus import load_corpus, pack, tokenize_documents
 from dihal_bench.geometry import evaluate_proxies
 from dihal_bench.hidden import extract_sampled, sample_positions
-from dihal_bench.locate import DIHAL_PROXIES, resolve_proxies
+from dihal_bench.locate import resolve_proxies
+from dihal_bench.suite import DIHAL_PROXIES
 
 TARGET_RATIO = 1.5
 

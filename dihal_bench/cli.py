@@ -11,6 +11,7 @@ import click
 
 from dihal_bench import __version__
 from dihal_bench.errors import DihalError
+from dihal_bench.suite import DIHAL_PROXIES
 
 
 class _Group(click.Group):
@@ -166,7 +167,7 @@ def _number(text: str, what: str) -> float | int:
 @click.option("--tokens", type=int, default=4096, show_default=True, help="Token hidden states sampled per layer (N).")
 @click.option("--seq-len", type=int, default=128, show_default=True, help="Length of the validation sequences.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--proxies", default=",".join(("local_curvature", "global_monotonicity", "effective_rank")),
+@click.option("--proxies", default=",".join(DIHAL_PROXIES),
               show_default=True, help="Comma-separated proxy names, or 'all' for every registered proxy.")
 @click.option("--preprocessing", default="trace", show_default=True, help="trace, standardize or none.")
 @click.option("--param", "params", multiple=True, metavar="PROXY.KEY=VALUE", help="Override a proxy constant.")

@@ -22,9 +22,8 @@ from dihal_bench.hidden import extract_sampled, sample_positions
 from dihal_bench.plugins import get_registry
 from dihal_bench.provenance import environment
 from dihal_bench.records import write_bytes_atomic, write_json_atomic, write_text_atomic
+from dihal_bench.suite import DIHAL_PROXIES
 
-#: the three proxies of the DiHAL paper, combined as z(m_curv) + z(m_mono) − z(k_eff)
-DIHAL_PROXIES = ("local_curvature", "global_monotonicity", "effective_rank")
 
 
 @dataclass

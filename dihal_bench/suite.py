@@ -17,6 +17,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: the three proxies of the DiHAL paper, combined as z(m_curv) + z(m_mono) − z(k_eff). Kept in this
+#: torch-free module so that the CLI can show it as a default without importing models.
+DIHAL_PROXIES = ("local_curvature", "global_monotonicity", "effective_rank")
+
 DEFAULTS: dict = {
     "description": "",
     "backbone": "smollm2-135m",
@@ -30,7 +34,7 @@ DEFAULTS: dict = {
     "locate": {
         "tokens": 4096,
         "seq_len": 128,
-        "proxies": ["local_curvature", "global_monotonicity", "effective_rank"],
+        "proxies": list(DIHAL_PROXIES),
         "preprocessing": "trace",
     },
     "sweep": {

@@ -17,7 +17,8 @@ from dihal_builtin.baselines.sed import SED, register_baselines
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)
-SMOLLM2_ALLOWANCE = 2_285_888  # the DiHAL bridge's size on SmolLM2-135M (width 576, vocabulary 49,152)
+# a SmolLM2-scale allowance: the DiHAL bridge's size at width 576 before its linear condition path
+SMOLLM2_ALLOWANCE = 2_285_888
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
