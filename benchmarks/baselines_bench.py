@@ -22,11 +22,16 @@ import common
 from tabulate import tabulate
 
 from dihal_bench.backbone import load_backbone
+from dihal_bench.bridge_training import (
+    packed_split,
+    train_bridge,
+    training_subset,
+    with_states,
+)
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.hybrid import HybridLM
 from dihal_bench.plugins import get_registry
-from dihal_bench.sweep import distinct_sequences, packed_split, train_bridge, training_subset, with_states
 
 DIHAL = "dihal"
 BASELINES = ("diffusion-lm", "sed", "ld4lg", "codar", "ar-backbone")
@@ -48,7 +53,7 @@ def training_figures(steps: int, tokens: int, loop_seconds: float, setup_seconds
         "train_tokens_per_second": tokens / loop_seconds if trains else None,
         "full_train_seconds": loop_seconds * full.steps / steps if trains else 0.0,
         "setup_seconds": setup_seconds,
-        "full_setup_seconds": setup_seconds * distinct_sequences(full) / distinct_sequences(short),
+        "full_setup_seconds": setup_seconds * full.distinct_sequences / short.distinct_sequences,
     }
 
 

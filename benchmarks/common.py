@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dihal_bench.bridge_training import BridgeSpec
 from dihal_bench.budget import Budget
 from dihal_bench.provenance import environment
 from dihal_bench.records import write_json_atomic
 from dihal_bench.suite import resolve_suite
-from dihal_bench.sweep import BridgeSpec
 
 
 def parser(docstring: str) -> argparse.ArgumentParser:

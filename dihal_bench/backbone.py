@@ -7,12 +7,12 @@ norm. Resuming from index ℓ runs layers ℓ+1..L, the final norm and the LM he
 
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 import torch
 
-from dihal_bench.errors import DihalError, unknown_name
+from dihal_bench.errors import DihalError
 
 
 class Backbone(ABC):
@@ -39,6 +39,11 @@ class Backbone(ABC):
     def num_parameters(self) -> int: ...
 
     @property
+    def context_length(self) -> int | None:
+        """The most positions the model takes (its trained context), or None if unknown."""
+        return None
+
+    @property
     def sliding_window(self) -> int | None:
         """Width of local attention where some layers use it (Gemma3), else None."""
         return None
@@ -48,8 +53,17 @@ class Backbone(ABC):
         """Hidden state index 0 for ``input_ids`` (B, T) -> (B, T, d)."""
 
     @abstractmethod
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """All L+1 hidden states from one forward pass, each (B, T, d)."""
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        up_to: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Hidden states from one forward pass, each (B, T, d): all L+1 of them, or with
+        ``up_to=l`` only [h_0, ..., h_l] from the embedding and layers 1..l, exactly equal to
+        the first l+1 of the full list, at a cost proportional to l. Implementations check
+        ``up_to`` with :meth:`check_up_to`."""
 
     @abstractmethod
     def resume(
@@ -84,6 +98,20 @@ class Backbone(ABC):
             raise DihalError(f"layer {layer} is out of range for {self.name}: choose 1..{top} ({self.num_layers} layers)")
         return layer
 
+    def check_up_to(self, up_to: int | None) -> int:
+        """The number of decoder layers a :meth:`hidden_states` call runs: ``up_to``, or L for None."""
+        if up_to is None:
+            return self.num_layers
+        try:
+            # bool is an int subclass, but a True/False depth is always a caller's bug
+            depth = None if isinstance(up_to, bool) else operator.index(up_to)
+        except TypeError:
+            depth = None
+        if depth is None or not 0 <= depth <= self.num_layers:
+            raise DihalError(f"up_to={up_to!r} is out of range for {self.name}: choose 0..{self.num_layers} "
+                             f"({self.num_layers} layers)")
+        return depth
+
     def describe(self) -> dict:
         return {
             "name": self.name,
@@ -97,17 +125,17 @@ class Backbone(ABC):
 
 
 def load_backbone(name: str, **options) -> Backbone:
-    """A registered backbone name, or any Hugging Face model id or local model directory."""
+    """A registered backbone name, or a reference a backbone plugin handles (the built-in ``hf``
+    takes any Hugging Face model id or local model directory)."""
+    factory, arguments = backbone_factory(name)
+    return factory(*arguments, **options)
+
+
+def backbone_factory(name: str):
+    """(the backbone factory, its positional arguments) for ``name``, without loading
+    anything: what the pre-flight check of a suite calls to refuse an unknown backbone up front.
+    See :meth:`dihal_bench.plugins.Registry.resolve`."""
     from dihal_bench.plugins import get_registry
 
-    registry = get_registry()
-    if name in registry.items["backbone"]:
-        return registry.get("backbone", name).obj(**options)
-    if Path(name).exists() or _looks_like_hub_id(name):
-        return registry.get("backbone", "hf").obj(model_id=name, **options)
-    raise unknown_name("backbone", name, list(registry.items["backbone"]) + ["<hub id org/name>", "<local directory>"])
-
-
-def _looks_like_hub_id(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/"))
+    registration, arguments = get_registry().resolve("backbone", name)
+    return registration.obj, arguments

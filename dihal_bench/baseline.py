@@ -1,4 +1,4 @@
-"""The baseline contract: a text generator trained under a Budget (DESIGN.md §4.3).
+"""The baseline contract: a text generator trained under a Budget (docs/method.md#baselines).
 
 A baseline plugin registers a subclass of :class:`Baseline` through ``register_baselines``.
 The harness builds it from (backbone, budget, seed, options), trains it on the packed
@@ -13,12 +13,18 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from dihal_bench.backbone import Backbone
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
+from dihal_bench.records import (
+    atomic_path,
+    file_sha256,
+    read_safetensors,
+    write_json_atomic,
+)
 from dihal_bench.training import TrainResult, train
 
 WEIGHTS_FILE = "weights.safetensors"
@@ -36,6 +42,9 @@ class Baseline(ABC):
     name: str = ""
     paper: str = ""
     in_budget: bool = True
+    #: True for the method that is the intact backbone itself: latency ratios are taken to it
+    #: (and lm-eval scores it as the plain backbone)
+    intact_backbone: bool = False
     #: the option that sets the number of diffusion sampling steps, which a suite fills from
     #: ``sampling.diffusion_steps`` (None: the method has no such steps)
     steps_option: str | None = None
@@ -96,29 +105,51 @@ class Baseline(ABC):
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, directory: Path) -> None:
+        """``weights.safetensors`` (trained parameters and buffers) and ``baseline.json`` (the
+        config and the weights' sha256, which `load` verifies), each written atomically, the
+        JSON last."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         module = self.module()
         tensors = {k: v.detach().contiguous() for k, v in module.state_dict(keep_vars=True).items()
                    if not isinstance(v, nn.Parameter) or v.requires_grad}
-        save_file(_dedupe(tensors), str(directory / WEIGHTS_FILE))
-        (directory / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+        with atomic_path(directory / WEIGHTS_FILE) as temporary:
+            save_file(_dedupe(tensors), str(temporary))
+            digest = file_sha256(temporary)
+        write_json_atomic(directory / CONFIG_FILE, {**self.config(), "weights_sha256": digest})
 
     def load(self, directory: Path) -> None:
         directory = Path(directory)
         if not (directory / WEIGHTS_FILE).exists():
             raise DihalError(f"{self.name}: no trained checkpoint in {directory}; train it first "
                              f"(dihal-bench baseline train {self.name})")
-        saved = json.loads((directory / CONFIG_FILE).read_text())
+        saved = read_config(directory)
         if saved.get("name") != self.name or saved.get("options") != self.options:
             raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
                              f"not {self.name!r} with {self.options}")
-        missing, unexpected = self.module().load_state_dict(load_file(str(directory / WEIGHTS_FILE)), strict=False)
+        # weights saved before baseline.json held a sha256 are still read, unverified
+        weights = read_safetensors(directory / WEIGHTS_FILE, saved.get("weights_sha256"),
+                                   recorded_in=directory / CONFIG_FILE)
+        missing, unexpected = self.module().load_state_dict(weights, strict=False)
         trained = {k for k, v in self.module().state_dict(keep_vars=True).items()
                    if not isinstance(v, nn.Parameter) or v.requires_grad}
         if unexpected or trained & set(missing):
             raise DihalError(f"{directory}: checkpoint does not match {self.name} "
                              f"(missing {sorted(trained & set(missing))[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def read_config(directory: Path) -> dict:
+    """A saved baseline's ``baseline.json``; DihalError naming the file when it is missing,
+    not JSON or not an object."""
+    path = Path(directory) / CONFIG_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DihalError(f"{directory} holds no saved baseline: {CONFIG_FILE} is missing") from None
+    except (OSError, ValueError) as exc:
+        raise DihalError(f"{path} is not readable JSON ({exc}): the file is damaged; train it again") from None
+    if not isinstance(saved, dict):
+        raise DihalError(f"{path} is not a baseline description (a JSON {type(saved).__name__})")
+    return saved
 
 
 def _dedupe(tensors: dict[str, Tensor]) -> dict[str, Tensor]:

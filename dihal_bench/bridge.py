@@ -10,6 +10,13 @@ Both sides are standardised per dimension with statistics of the training tokens
 as buffers so that they travel with the weights in every checkpoint. Plugins implement
 this class and register a factory ``factory(width, **options)`` through the
 ``register_bridges`` hook.
+
+Generating with the hybrid appends one position at a time. Causality fixes every earlier
+position's ĥ once computed, so a bridge may also offer *incremental sampling*
+(:meth:`HiddenStateBridge.new_sample_cache` and :meth:`HiddenStateBridge.sample_step`):
+keep what it computed for the positions seen so far and compute only the new ones. A
+bridge that does not is still correct: the hybrid then re-samples the whole prefix at
+every token, at a cost that grows with the prefix.
 """
 
 from __future__ import annotations
@@ -32,7 +39,12 @@ class HiddenStateBridge(nn.Module, ABC):
     Shapes: ``cond`` and ``target`` are (n, T, width) float tensors; ``mask`` is an (n, T)
     bool tensor, True at the tokens that count (the caller leaves out position 0, the
     attention sink, and padding).
+
+    ``max_len`` is the most positions the bridge takes (learned positions, say), or None for
+    no limit: evaluations that feed long windows (lm-eval's rolling perplexity) stay within it.
     """
+
+    max_len: int | None = None
 
     def __init__(self, width: int):
         super().__init__()
@@ -77,12 +89,60 @@ class HiddenStateBridge(nn.Module, ABC):
         """De-standardised ĥ for ``cond``, shape (n, T, width). ``steps`` overrides the
         bridge's default number of sampling steps; deterministic unless ``stochastic``."""
 
+    def new_sample_cache(self, steps: int | None = None) -> SampleCache | None:
+        """An empty cache for :meth:`sample_step` with ``steps`` sampling steps (None: the
+        bridge's default), or None where the bridge only samples whole sequences (this
+        default): callers then re-run :meth:`sample` on the whole prefix."""
+        return None
+
+    def sample_step(self, cond_new: Tensor, cache: SampleCache) -> Tensor:
+        """De-standardised ĥ (n, T_new, width) for the positions ``cond_new`` (n, T_new, width)
+        that follow the ``cache.length`` positions the cache has seen, which it then holds too.
+
+        Deterministic sampling only; up to float rounding, the result equals
+        ``sample(all conditions so far, cache.steps)[:, -T_new:]``: batched over other
+        positions, the same arithmetic may round differently. Only bridges whose
+        :meth:`new_sample_cache` returns a cache implement it."""
+        raise NotImplementedError(f"{type(self).__name__} samples whole sequences only (no sample cache)")
+
     @abstractmethod
     def config(self) -> dict:
         """JSON-able constructor options: ``factory(**config())`` rebuilds the architecture."""
 
 
+class SampleCache:
+    """What a bridge keeps between :meth:`HiddenStateBridge.sample_step` calls for one batch
+    of sequences: ``steps``, the sampling steps every call uses, and ``length``, the number of
+    positions seen so far (the absolute position of the next one). Bridges subclass it to
+    add their state."""
+
+    def __init__(self, steps: int):
+        self.steps, self.length = steps, 0
+
+    def advance(self, new_positions: int, limit: int | None = None) -> int:
+        """Count ``new_positions`` more positions and return where they start; refuse to go
+        past ``limit`` positions in all (a bridge's learned positions)."""
+        start, end = self.length, self.length + new_positions
+        if limit is not None and end > limit:
+            raise DihalError(f"sequence of {end} tokens exceeds the bridge's max_len {limit}")
+        self.length = end
+        return start
+
+
 @torch.no_grad()
+def build_bridge(name: str, *args, **options) -> HiddenStateBridge:
+    """The registered bridge ``name`` built by its factory; registration only checks that the
+    factory is callable, so what it returns is checked here."""
+    from dihal_bench.plugins import get_registry
+
+    registration = get_registry().get("bridge", name)
+    bridge = registration.obj(*args, **options)
+    if not isinstance(bridge, HiddenStateBridge):
+        raise DihalError(f"bridge {name!r} ({registration.source}) built a {type(bridge).__qualname__}, "
+                         "not a dihal_bench.bridge.HiddenStateBridge")
+    return bridge
+
+
 def masked_moments(states: Tensor, mask: Tensor, name: str, chunk: int = 256) -> tuple[Tensor, Tensor]:
     """Per-dimension mean and population std of ``states`` (n, T, d) over the tokens where
     ``mask`` (n, T) is True, accumulated in float64 a chunk of sequences at a time so that

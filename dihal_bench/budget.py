@@ -1,4 +1,4 @@
-"""The matched training budget every method trains under (DESIGN.md §4.2-§4.3).
+"""The matched training budget every method trains under (docs/method.md#budget).
 
 A Budget fixes the optimisation protocol: S optimizer steps of B sequences of T tokens,
 AdamW with linear warm-up then cosine decay, gradient clipping, a seed, and an optional
@@ -40,6 +40,9 @@ class Budget:
         for name in ("steps", "batch_size", "seq_len", "epochs", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise DihalError(f"budget.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("weight_decay", "grad_clip", "allowance_tolerance", "seed"):
+            if getattr(self, name) < 0:
+                raise DihalError(f"budget.{name} must not be negative, got {getattr(self, name)}")
         if not 0.0 <= self.warmup_frac < 1.0:
             raise DihalError(f"budget.warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.lr <= 0:
@@ -56,29 +59,35 @@ class Budget:
         """Training sequences drawn over the whole run (counting repeats across epochs)."""
         return self.steps * self.batch_size
 
+    @property
+    def distinct_sequences(self) -> int:
+        """How many different training sequences the run draws (each repeated ``epochs`` times)."""
+        return -(-self.sequences_needed // self.epochs)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> Budget:
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+    def from_dict(cls, values: dict, section: str = "budget", source: str = "") -> Budget:
+        """A Budget from a suite table: every value checked against its field's type (a whole
+        float such as ``1e5`` is an int; ``"none"`` clears an optional field), unknown keys refused."""
+        types = typing.get_type_hints(cls)
+        unknown = set(values) - set(types)
         if unknown:
-            raise DihalError(f"unknown budget key(s): {', '.join(sorted(unknown))}")
-        return cls(**values)
+            known = ", ".join(f.name for f in dataclasses.fields(cls))
+            prefix = f"{source}: " if source else ""
+            raise DihalError(f"{prefix}unknown budget key(s) {', '.join(sorted(unknown))} in {section}; known: {known}")
+        return cls(**{key: _typed(value, types[key], f"{section}.{key}", source) for key, value in values.items()})
 
     def replace(self, **changes) -> Budget:
         return dataclasses.replace(self, **changes)
 
     def with_overrides(self, overrides: dict[str, str]) -> Budget:
-        """Apply ``{"steps": "100", "param_allowance": "none", ...}`` as typed by the user."""
-        types = typing.get_type_hints(Budget)
-        parsed = {}
-        for key, text in overrides.items():
-            if key not in types:
-                known = ", ".join(f.name for f in dataclasses.fields(self))
-                raise DihalError(f"unknown budget key {key!r}; known: {known}")
-            parsed[key] = _parse(key, text, types[key])
-        return self.replace(**parsed)
+        """Apply ``{"steps": "100", "param_allowance": "none", ...}`` as typed by the user, through
+        the same value parser as ``--set`` (TOML syntax)."""
+        from dihal_bench.suite import parse_value
+
+        return Budget.from_dict({**self.to_dict(), **{k: parse_value(v) for k, v in overrides.items()}})
 
     def check_fits(self, n_sequences: int) -> None:
         """Raise unless ``n_sequences`` training sequences cover the run within ``epochs`` passes."""
@@ -96,7 +105,7 @@ class Budget:
         """Relative deviation of the total trainable parameters from ``param_allowance``.
 
         ``counts`` maps each trained component to its parameter count (every trained part
-        counts, DESIGN.md §4.3). Returns None when the budget sets no allowance; raises when
+        counts, docs/method.md#budget). Returns None when the budget sets no allowance; raises when
         the deviation is outside ``allowance_tolerance``.
         """
         if self.param_allowance is None:
@@ -113,25 +122,12 @@ class Budget:
         return deviation
 
 
-def _parse(key: str, text: str, kind) -> int | float | None:
-    """Parse one override string to the field's type (``int | None`` also accepts "none")."""
-    text = text.strip()
+def _typed(value, kind, key: str, source: str):
+    """``value`` as the field type ``kind`` (int, float, or ``int | None``)."""
+    from dihal_bench.suite import as_float, as_int
+
     options = typing.get_args(kind) or (kind,)
-    if type(None) in options and text.lower() in ("none", "null"):
+    if type(None) in options and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
         return None
     base = next(option for option in options if option is not type(None))
-    try:
-        return _parse_int(text) if base is int else base(text)
-    except ValueError:
-        raise DihalError(f"budget.{key} expects {base.__name__}, got {text!r}") from None
-
-
-def _parse_int(text: str) -> int:
-    """``int`` that also takes whole numbers in float notation ("1e5"), but not "2.5"."""
-    try:
-        return int(text)
-    except ValueError:
-        value = float(text)
-        if not value.is_integer():
-            raise
-        return int(value)
+    return as_int(value, key, source) if base is int else as_float(value, key, source)

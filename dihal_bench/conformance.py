@@ -1,4 +1,5 @@
-"""Conformance check for backbone plugins: can the layer stack be entered at every index?"""
+"""Conformance check for backbone plugins: can the layer stack be entered at every index, and
+does a truncated pass (``hidden_states(..., up_to=ℓ)``) give what the full pass gives?"""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pydoc_data.topics import topics
 import torch
 
 from dihal_bench.backbone import Backbone
+from dihal_bench.errors import DihalError
 
 #: relative to the largest |logit|, in float32
 DEFAULT_TOLERANCE = 1e-4
@@ -34,7 +36,8 @@ def probe_batch(backbone: Backbone, min_tokens: int = 48) -> tuple[torch.Tensor,
 
 @torch.no_grad()
 def check_backbone(backbone: Backbone, tolerance: float = DEFAULT_TOLERANCE) -> dict:
-    """Max |logits(full) - logits(resumed from hidden state ℓ)| for every ℓ in 0..L."""
+    """Max |logits(full) - logits(resumed from hidden state ℓ)| for every ℓ in 0..L, and max
+    |h_ℓ(truncated at ℓ) - h_ℓ(full)| relative to max |h_ℓ|."""
     input_ids, mask = probe_batch(backbone)
     real = mask.bool().to(backbone.device)
     full = backbone.logits(input_ids, mask).float()
@@ -44,6 +47,14 @@ def check_backbone(backbone: Backbone, tolerance: float = DEFAULT_TOLERANCE) -> 
     for layer, hidden in enumerate(states):
         resumed = backbone.resume(hidden, layer, mask).float()
         diffs.append((resumed - full)[real].abs().max().item())
+    truncated = []
+    for layer, hidden in enumerate(states):
+        prefix = backbone.hidden_states(input_ids, mask, up_to=layer)
+        if len(prefix) != layer + 1:
+            raise DihalError(f"{backbone.name}: hidden_states(up_to={layer}) returned {len(prefix)} states, "
+                             f"not {layer + 1}")
+        reference = hidden[real].float()
+        truncated.append(((prefix[layer][real].float() - reference).abs().max() / reference.abs().max()).item())
     worst = max(diffs)
     return {
         **backbone.describe(),
@@ -52,5 +63,6 @@ def check_backbone(backbone: Backbone, tolerance: float = DEFAULT_TOLERANCE) -> 
         "tolerance": tolerance,
         "max_abs_diff": diffs,
         "worst_relative": worst / scale,
-        "passed": worst <= tolerance * scale,
+        "truncated_relative_diff": truncated,
+        "passed": worst <= tolerance * scale and max(truncated) <= tolerance,
     }

@@ -16,14 +16,12 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from dihal_bench.errors import DihalError, unknown_name
+from dihal_bench.errors import DihalError
 
 SPLITS = ("train", "validation", "test")
-FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 SPLIT_ALIASES = {"valid": "validation"}
 DEFAULT_SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 
@@ -172,18 +170,18 @@ def split_stats(corpus: Corpus, tokenizer, seq_len: int) -> dict[str, dict[str, 
 
 
 def load_corpus(spec: str, **options) -> Corpus:
-    """The corpus a user names: a registered name (``stdlib-docs``), a local .txt/.jsonl/.parquet
-    file or directory of them, or ``hf:<dataset>[:<config>]`` for any `datasets` dataset."""
+    """The corpus a user names: a registered name (``stdlib-docs``) or a reference a corpus
+    plugin handles (the built-ins take a local .txt/.jsonl/.parquet file or directory of them,
+    and ``hf:<dataset>[:<config>]`` for any `datasets` dataset)."""
+    factory, args = corpus_factory(spec)
+    return factory(*args, **options)
+
+
+def corpus_factory(spec: str):
+    """(the corpus factory, its positional arguments) for ``spec``, without loading anything:
+    what the pre-flight check of a suite calls to refuse an unknown corpus up front. See
+    :meth:`dihal_bench.plugins.Registry.resolve`."""
     from dihal_bench.plugins import get_registry
 
-    registry = get_registry()
-    if spec in registry.items["corpus"]:
-        return registry.get("corpus", spec).obj(**options)
-    if spec.startswith("hf:"):
-        dataset, _, config = spec[len("hf:"):].partition(":")
-        if not dataset:
-            raise DihalError(f"corpus {spec!r} names no dataset; expected 'hf:<dataset>[:<config>]'")
-        return registry.get("corpus", "hf-dataset").obj(dataset, config or None, **options)
-    if Path(spec).exists() or Path(spec).suffix in FILE_SUFFIXES:
-        return registry.get("corpus", "files").obj(spec, **options)
-    raise unknown_name("corpus", spec, registry.names("corpus") + ["<path.txt|.jsonl|.parquet|dir>", "hf:<dataset>[:<config>]"])
+    registration, args = get_registry().resolve("corpus", spec)
+    return registration.obj, args

@@ -1,4 +1,4 @@
-"""Teacher-forced evaluation of next-token models and of bridges (DESIGN.md §4.2).
+"""Teacher-forced evaluation of next-token models and of bridges (docs/method.md#bridge).
 
 All three measures run over fixed-length token sequences (n, T) from the corpus's packed
 validation split, in batches without gradients, and accumulate sums in float64 so that the

@@ -1,6 +1,6 @@
 """Locate: preprocess each layer's hidden states, run the geometry proxies, score the layers.
 
-DESIGN.md §4.1. For candidate layers ℓ, every proxy p gives a value m_p(ℓ); these are
+docs/method.md#locate. For candidate layers ℓ, every proxy p gives a value m_p(ℓ); these are
 z-scored across layers and combined as
 
     S(ℓ) = Σ_p w_p · sign_p · z(m_p)(ℓ),   sign_p = +1 if higher is better, else −1,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from typing import Callable
 
 import numpy as np
@@ -152,6 +153,46 @@ def check_proxy_setup(
     return params
 
 
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _as_number(value) -> float | None:
+    """``value`` as a float if it is one real number (a Python or NumPy scalar, or a
+    one-element tensor or array), else None. Booleans and complex numbers are not."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
+        return float(value)
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iuf":
+        return float(value.item())
+    return None
+
+
+def run_proxy(name: str, fn: Proxy, hidden: torch.Tensor, params: dict, layer: int, origin: str | None = None) -> float:
+    """``fn(hidden, **params)`` as a finite float. Whatever goes wrong inside a proxy, often
+    a third-party plugin's, becomes one DihalError line naming the proxy, where it comes
+    from (``origin``, e.g. "plugin spectral_gap from dihal-bench-spectral-gap 0.1.0") and
+    the layer, instead of a traceback out of the middle of locate."""
+    where = f"proxy {name!r}" + (f" ({origin})" if origin else "")
+    try:
+        value = fn(hidden, **params)
+    except DihalError as error:
+        raise DihalError(f"{where} failed on layer {layer}: {error}") from None
+    except Exception as error:  # noqa: BLE001 - any bug in a proxy is reported, not crashed on
+        raise DihalError(f"{where} failed on layer {layer}: {_one_line(error)}") from error
+    number = _as_number(value)
+    if number is None:
+        shape = f" of shape {tuple(value.shape)}" if hasattr(value, "shape") else ""
+        raise DihalError(f"{where} returned a {type(value).__name__}{shape} on layer {layer}, not a number")
+    if not math.isfinite(number):
+        raise DihalError(f"{where} returned {number} on layer {layer}")
+    return number
+
+
 def evaluate_proxies(
     hidden_by_layer: dict[int, torch.Tensor],
     proxies: dict[str, tuple[Proxy, bool]],
@@ -159,11 +200,13 @@ def evaluate_proxies(
     preprocessing: str,
     seed: int,
     progress: bool = False,
+    origins: dict[str, str] | None = None,
 ) -> dict:
     """Preprocess each layer, check it is finite, and run every proxy on it.
 
     ``proxies`` maps name -> (fn, higher_is_better); ``overrides`` maps proxy name ->
-    parameter overrides. Returns a JSON-serialisable record::
+    parameter overrides; ``origins`` optionally maps proxy name -> where it comes from,
+    for error messages (see :func:`run_proxy`). Returns a JSON-serialisable record::
 
         {"layers": [...], "preprocessing": mode,
          "proxies": {name: {"higher_is_better": bool, "params": {...}, "values": [...]}}}
@@ -185,10 +228,7 @@ def evaluate_proxies(
         except DihalError as error:
             raise DihalError(f"layer {layer}: {error}") from None
         for name, (fn, _) in proxies.items():
-            value = float(fn(hidden, **params[name]))
-            if not math.isfinite(value):
-                raise DihalError(f"proxy {name!r} returned {value} on layer {layer}")
-            values[name].append(value)
+            values[name].append(run_proxy(name, fn, hidden, params[name], layer, (origins or {}).get(name)))
 
     return {
         "layers": layers,

@@ -3,7 +3,9 @@
 The bridge stands in for the backbone's layers 1..ℓ: from the embedding output h_0 it
 predicts ĥ_ℓ, and the frozen backbone resumes from there. Because the bridge is causal in
 positions, the hybrid is an ordinary next-token model: it has teacher-forced logits and can
-generate autoregressively, keeping a key/value cache for the upper layers.
+generate autoregressively, keeping a key/value cache for the upper layers and, where the
+bridge samples incrementally (``HiddenStateBridge.new_sample_cache``), the bridge's own
+cache, so that each new token costs the bridge one position, not the whole prefix.
 
 Position 0 needs no bridge: under causal attention its hidden state depends on its own token
 only, so running the lower layers on that single token gives h_ℓ[0] exactly ("sink
@@ -25,13 +27,18 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone
-from dihal_bench.bridge import HiddenStateBridge
+from dihal_bench.bridge import HiddenStateBridge, SampleCache
 from dihal_bench.errors import DihalError
 
 
 class LowerStack(Protocol):
     """What stands in for layers 1..ℓ: maps h_0 (n, T, d) to ĥ_ℓ (n, T, d), causally.
-    Every :class:`HiddenStateBridge` is one."""
+    Every :class:`HiddenStateBridge` is one.
+
+    It may also sample incrementally, with ``new_sample_cache(steps)`` and
+    ``sample_step(cond_new, cache)`` as in :class:`HiddenStateBridge`; one without them (or
+    whose ``new_sample_cache`` returns None) is re-sampled over the whole prefix per token.
+    """
 
     def sample(self, cond: Tensor, steps: int | None = None) -> Tensor: ...
 
@@ -41,6 +48,13 @@ class SkipBridge:
 
     def sample(self, cond: Tensor, steps: int | None = None) -> Tensor:
         return cond
+
+    def new_sample_cache(self, steps: int | None = None) -> SampleCache:
+        return SampleCache(steps=0)
+
+    def sample_step(self, cond_new: Tensor, cache: SampleCache) -> Tensor:
+        cache.advance(cond_new.shape[1])
+        return cond_new
 
 
 class OracleBridge:
@@ -90,17 +104,22 @@ class HybridLM:
 
     # -- teacher forcing ----------------------------------------------------------------------
     @torch.no_grad()
-    def bridged_states(self, input_ids: Tensor) -> Tensor:
-        """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype."""
+    def condition(self, input_ids: Tensor) -> Tensor:
+        """The bridge's condition h_0 (B, T, d), on the bridge's device and in its dtype."""
         cond = self.backbone.embed(input_ids)
         if isinstance(self.bridge, HiddenStateBridge):  # bridges keep their own dtype and device
             cond = cond.to(self.bridge.target_mean.device, self.bridge.target_mean.dtype)
-        return self.bridge.sample(cond, self.steps)
+        return cond
+
+    @torch.no_grad()
+    def bridged_states(self, input_ids: Tensor) -> Tensor:
+        """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype."""
+        return self.bridge.sample(self.condition(input_ids), self.steps)
 
     @torch.no_grad()
     def sink_state(self, input_ids: Tensor) -> Tensor:
-        """The exact h_ℓ at position 0, (B, 1, d): the lower layers run on the first token alone."""
-        return self.backbone.hidden_states(input_ids[:, :1])[self.layer]
+        """The exact h_ℓ at position 0, (B, 1, d): layers 1..ℓ (only) run on the first token alone."""
+        return self.backbone.hidden_states(input_ids[:, :1], up_to=self.layer)[self.layer]
 
     @torch.no_grad()
     def lower_states(self, input_ids: Tensor) -> Tensor:
@@ -116,6 +135,11 @@ class HybridLM:
     def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Next-token logits (B, T, V) at every position."""
         return self.backbone.resume(self.lower_states(input_ids), self.layer, attention_mask)
+
+    def decoder(self, *, use_cache: bool = True) -> IncrementalDecoder:
+        """A fresh :class:`IncrementalDecoder`: next-token logits for sequences fed a few
+        tokens at a time."""
+        return IncrementalDecoder(self, use_cache=use_cache)
 
     # -- generation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -144,39 +168,20 @@ class HybridLM:
         check_sampling(temperature, top_p)
         if max_new_tokens < 1:
             raise DihalError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        context = self._context(n, prompt_ids)
-        decode = self._decode_cached if use_cache else self._decode_uncached
+        context = self.start_ids(n, prompt_ids)
         generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
         samples = []
         for start in tqdm(range(0, n, batch_size), desc="hybrid generate", disable=not progress, leave=False):
-            ids = decode(context[start : start + batch_size], max_new_tokens, temperature, top_p, generator)
-            samples.append(ids[:, context.shape[1] :].cpu())
+            decoder = self.decoder(use_cache=use_cache)
+            logits = decoder.append(context[start : start + batch_size])[:, -1]
+            tokens = [sample_next_token(logits, temperature, top_p, generator)]
+            for _ in range(max_new_tokens - 1):
+                logits = decoder.append(tokens[-1][:, None])[:, -1]
+                tokens.append(sample_next_token(logits, temperature, top_p, generator))
+            samples.append(torch.stack(tokens, dim=1).cpu())
         return torch.cat(samples)
 
-    def _decode_cached(self, ids: Tensor, max_new_tokens: int, temperature: float, top_p: float,
-                       generator: torch.Generator) -> Tensor:
-        """Prefill the upper layers' cache with the context, then feed one position per token.
-
-        The bridge is re-run on the whole prefix at each step; being causal, it leaves the
-        earlier positions unchanged, so only the newest position's ĥ_ℓ is passed on.
-        """
-        cache = self.backbone.new_cache()
-        logits = self.backbone.resume(self.lower_states(ids), self.layer, cache=cache)[:, -1]
-        for step in range(max_new_tokens):
-            if step:
-                newest = self.bridged_states(ids)[:, -1:]
-                logits = self.backbone.resume(newest, self.layer, cache=cache, position_offset=ids.shape[1] - 1)[:, -1]
-            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
-        return ids
-
-    def _decode_uncached(self, ids: Tensor, max_new_tokens: int, temperature: float, top_p: float,
-                         generator: torch.Generator) -> Tensor:
-        for _ in range(max_new_tokens):
-            logits = self.logits(ids)[:, -1]
-            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
-        return ids
-
-    def _context(self, n: int, prompt_ids: Tensor | None) -> Tensor:
+    def start_ids(self, n: int, prompt_ids: Tensor | None = None) -> Tensor:
         """The token ids generation continues from, (n, P) on the backbone's device."""
         if prompt_ids is None:
             tokenizer = self.backbone.tokenizer
@@ -190,6 +195,55 @@ class HybridLM:
         if prompt.dim() != 2 or prompt.shape[0] != n or prompt.shape[1] == 0:
             raise DihalError(f"prompt_ids must be (P,) or ({n}, P) with P ≥ 1, got shape {tuple(prompt.shape)}")
         return prompt
+
+
+class IncrementalDecoder:
+    """Next-token logits of one batch of sequences that grows a few tokens at a time, as in
+    generation: :meth:`append` takes the new tokens and gives the logits at their positions.
+
+    Cached (the default): the upper layers keep their key/value cache, and the bridge its
+    sample cache where it has one; the sink state (sink passthrough) is computed once, from
+    the first token, through layers 1..ℓ only. A bridge without a sample cache is re-sampled
+    over the whole prefix, which gives the same states at a cost that grows with it.
+    Uncached (``use_cache=False``): the teacher-forced :meth:`HybridLM.logits` of the whole
+    prefix at every call, the reference the cached path must equal up to float rounding.
+    """
+
+    def __init__(self, hybrid: HybridLM, *, use_cache: bool = True):
+        self.hybrid, self.use_cache = hybrid, use_cache
+        self.length = 0  # tokens appended so far
+        self.batch: int | None = None
+        self.prefix: Tensor | None = None  # the tokens so far, where anything is recomputed from them
+        self.upper_cache = hybrid.backbone.new_cache() if use_cache else None
+        new_sample_cache = getattr(hybrid.bridge, "new_sample_cache", None)
+        self.bridge_cache = new_sample_cache(hybrid.steps) if use_cache and new_sample_cache else None
+
+    @torch.no_grad()
+    def append(self, input_ids: Tensor) -> Tensor:
+        """Logits (B, T_new, V) at the positions of ``input_ids`` (B, T_new), which follow
+        the tokens appended before (same B every call)."""
+        shape = tuple(input_ids.shape)
+        if len(shape) != 2 or shape[1] == 0 or self.batch not in (None, shape[0]):
+            raise DihalError(f"append takes token ids of shape ({self.batch or 'B'}, T) with T ≥ 1, got {shape}")
+        hybrid, new = self.hybrid, input_ids.shape[1]
+        input_ids = input_ids.to(hybrid.backbone.device)
+        self.batch = input_ids.shape[0]
+        if not self.use_cache or self.bridge_cache is None:
+            self.prefix = input_ids if self.prefix is None else torch.cat([self.prefix, input_ids], dim=1)
+        if not self.use_cache:
+            self.length += new
+            return hybrid.logits(self.prefix)[:, -new:]
+
+        if self.bridge_cache is None:
+            states = hybrid.bridged_states(self.prefix)[:, -new:]
+        else:
+            states = hybrid.bridge.sample_step(hybrid.condition(input_ids), self.bridge_cache)
+        if self.length == 0 and hybrid.sink_passthrough:
+            sink = hybrid.sink_state(input_ids).to(states.device, states.dtype)
+            states = torch.cat([sink, states[:, 1:]], dim=1)
+        logits = hybrid.backbone.resume(states, hybrid.layer, cache=self.upper_cache, position_offset=self.length)
+        self.length += new
+        return logits
 
 
 def check_sampling(temperature: float, top_p: float) -> None:

@@ -5,19 +5,39 @@ A job is a kind and a JSON-able spec. Its folder ``<root>/<kind>-<hash>/`` holds
 finished, ``result.json`` (written atomically, last). A run that is killed at any point
 and started again finds every finished job's result and redoes only the rest; a job cut
 short mid-training resumes from its own checkpoint.
+
+``result.json`` also records a sha256 of the result and of every other file in the folder.
+A finished job is reused only when all of them still match: a damaged result or artifact
+(a flipped bit, a truncated file, a hand edit) makes the job run again, with a warning, so
+that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
+so a training job whose own checkpoint is intact resumes from it instead of starting over.
+
+One run at a time may use a store: `JobStore.lock`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from dihal_bench.records import write_json_atomic
+from dihal_bench.errors import DihalError
+from dihal_bench.records import (
+    file_sha256,
+    is_temporary,
+    json_sha256,
+    warn,
+    write_json_atomic,
+)
 
 RESULT = "result.json"
+LOCK = ".lock"
 
 
 def spec_hash(kind: str, spec: dict) -> str:
@@ -37,14 +57,16 @@ class JobStore:
         folder = self.folder(kind, spec)
         done = folder / RESULT
         if done.exists():
-            try:
-                return json.loads(done.read_text())["result"]
-            except (ValueError, KeyError):
-                done.unlink()  # unreadable: redo the job rather than trust it
+            result, problem = _verified_result(folder)
+            if problem is None:
+                return result
+            warn(f"{problem}; redoing job {folder}")
+            done.unlink(missing_ok=True)
         folder.mkdir(parents=True, exist_ok=True)
         write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
         result = work(folder)
-        write_json_atomic(done, {"kind": kind, "spec": spec, "result": result})
+        write_json_atomic(done, {"kind": kind, "spec": spec, "result": result,
+                                 "sha256": {"result": json_sha256(result), "files": _artifact_hashes(folder)}})
         return result
 
     def relative(self, path: Path) -> str:
@@ -54,5 +76,67 @@ class JobStore:
     def resolve(self, relative: str) -> Path:
         return Path(self.root) / relative
 
-    def is_done(self, kind: str, spec: dict) -> bool:
-        return (self.folder(kind, spec) / RESULT).exists()
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the store for one run; DihalError at once when another process holds it.
+
+        An advisory ``flock`` on ``<root>/.lock``: the kernel drops it when the holder exits
+        in any way, kill -9 included, so a dead run never leaves the store locked. The
+        holder's pid is written into the file only for the message another run shows.
+        """
+        path = Path(self.root) / LOCK
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # "a+": neither truncate nor replace the file before holding it; the file itself is
+        # never deleted, since a process that opened the old one would then lock another inode
+        with path.open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise DihalError(f"job store {self.root} is in use by another dihal-bench run (pid {holder}); "
+                                 f"wait for it or use another --out") from None
+            try:
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
+                yield
+            finally:
+                handle.truncate(0)  # no pid of a finished run for the next one to blame
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _artifact_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` but result.json and the temporary files of
+    writes a kill cut short, by path relative to ``folder``."""
+    return {path.relative_to(folder).as_posix(): file_sha256(path)
+            for path in sorted(folder.rglob("*"))
+            if path.is_file() and path != folder / RESULT and not is_temporary(path)}
+
+
+def _verified_result(folder: Path) -> tuple[dict | None, str | None]:
+    """(the stored result, None) when result.json and every artifact it lists are intact,
+    else (None, what is wrong, naming the file)."""
+    done = folder / RESULT
+    try:
+        stored = json.loads(done.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, f"{done} is not readable JSON ({exc})"
+    try:
+        result, hashes = stored["result"], stored["sha256"]
+        expected_result, files = hashes["result"], hashes["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (KeyError, TypeError):
+        return None, f"{done} has no integrity record (damaged, or written by an older dihal-bench)"
+    if json_sha256(result) != expected_result:
+        return None, f"{done} does not match its recorded sha256 (edited or damaged)"
+    for name, digest in files.items():
+        path = folder / name
+        try:
+            if file_sha256(path) != digest:
+                return None, f"{path} does not match the sha256 recorded in {done} (edited or damaged)"
+        except OSError as exc:
+            return None, f"{path}, recorded in {done}, cannot be read ({exc.strerror or exc})"
+    return result, None

@@ -1,9 +1,10 @@
-"""Locate (DESIGN.md §4.1): score every candidate layer by the geometry of its hidden
+"""Locate (docs/method.md#locate): score every candidate layer by the geometry of its hidden
 states and choose the insertion layer ℓ*.
 
-N token hidden states per layer are sampled from the validation split (position 0
-excluded), all layers from one forward pass per batch; each layer is preprocessed, every
-configured proxy runs on it, and the z-scored proxies combine into S(ℓ).
+N token hidden states per layer are sampled from as few validation sequences as hold them
+(position 0 excluded), all layers from one forward pass per batch over those sequences
+only; each layer is preprocessed, every configured proxy runs on it, and the z-scored
+proxies combine into S(ℓ).
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ from pathlib import Path
 from dihal_bench.backbone import Backbone
 from dihal_bench.corpus import Corpus, pack, tokenize_documents
 from dihal_bench.errors import DihalError
-from dihal_bench.geometry import check_proxy_setup, choose_layer, evaluate_proxies, layer_scores
+from dihal_bench.geometry import (
+    check_proxy_setup,
+    choose_layer,
+    evaluate_proxies,
+    layer_scores,
+)
 from dihal_bench.hidden import extract_sampled, sample_positions
 from dihal_bench.plugins import get_registry
 from dihal_bench.provenance import environment
 from dihal_bench.records import write_bytes_atomic, write_json_atomic, write_text_atomic
 from dihal_bench.suite import DIHAL_PROXIES
-
 
 
 @dataclass
@@ -36,6 +41,9 @@ class LocateConfig:
     weights: dict[str, float] = field(default_factory=dict)
     params: dict[str, dict] = field(default_factory=dict)
     batch_size: int = 8
+    #: validation sequences the N tokens are drawn from; None: the fewest that hold them
+    #: (⌈N / (seq_len−1)⌉), which keeps the forward passes to what N needs
+    sequences: int | None = None
 
 
 def resolve_proxies(names) -> dict:
@@ -46,8 +54,16 @@ def resolve_proxies(names) -> dict:
     resolved = {}
     for name in names:
         reg = registry.get("proxy", name)
-        resolved[name] = (reg.obj, bool(reg.meta.get("higher_is_better", True)))
+        resolved[name] = (reg.obj, reg.meta["higher_is_better"])  # required by the proxy contract
     return resolved
+
+
+def proxy_origin(name: str) -> str:
+    """Which plugin registered proxy ``name``, and from which distribution, for messages."""
+    reg = get_registry().get("proxy", name)
+    if reg.distribution is None:
+        return f"plugin {reg.plugin}, not installed"
+    return f"plugin {reg.plugin} from {reg.distribution} {reg.version}"
 
 
 def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: bool = True) -> dict:
@@ -58,7 +74,7 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
     check_proxy_setup(proxies, config.params, config.preprocessing, config.seed, config.tokens)  # fail before the slow part
     sequences = pack(tokenize_documents(corpus.split("validation"), backbone.tokenizer), config.seq_len,
                      split_name="validation")
-    positions = sample_positions(len(sequences), config.seq_len, config.tokens, config.seed)
+    positions = sample_positions(len(sequences), config.seq_len, config.tokens, config.seed, config.sequences)
 
     started = time.perf_counter()
     states = extract_sampled(backbone, sequences, positions, config.batch_size, progress)
@@ -67,7 +83,8 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
     candidates = list(range(1, backbone.num_layers))  # the hybrid keeps at least one upper layer
     started = time.perf_counter()
     geometry = evaluate_proxies({layer: states[layer] for layer in candidates}, proxies, config.params,
-                                config.preprocessing, config.seed, progress)
+                                config.preprocessing, config.seed, progress,
+                                origins={name: proxy_origin(name) for name in proxies})
     proxy_seconds = time.perf_counter() - started
 
     raw = {name: entry["values"] for name, entry in geometry["proxies"].items()}
@@ -83,6 +100,7 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
         "config": {**asdict(config), "proxies": list(proxies)},
         "tokens_sampled": len(positions),
         "sequences_available": len(sequences),
+        "sequences_read": len(positions[:, 0].unique()),
         "layers": geometry["layers"],
         "preprocessing": geometry["preprocessing"],
         "proxies": geometry["proxies"],

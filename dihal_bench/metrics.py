@@ -27,6 +27,8 @@ from dihal_bench.errors import DihalError
 
 #: Texts with fewer scored tokens than this are left out of Gen.PPL (see `score_texts`).
 MIN_SCORED_TOKENS = 2
+#: Target id of positions that predict nothing (cross_entropy gives them NLL 0).
+IGNORED = -100
 
 
 class Evaluator(Protocol):
@@ -103,9 +105,17 @@ def score_texts(
     with torch.no_grad():
         for rows, input_ids, attention_mask in _batches(encoded, scorable, batch_size, evaluator.device):
             logits = evaluator.logits(input_ids, attention_mask).float()
-            token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), input_ids[:, 1:], reduction="none")
+            # Position t is scored against token t+1; the last position and padding have no
+            # target. Every position stays in the (B·T, V) view, vocabulary last and no copy
+            # of the logits made: torch's CPU log-softmax over a middle dimension (B, V, T)
+            # sums the exponentials less exactly, which biased Gen.PPL low by up to 7e-4.
             scored = attention_mask[:, 1:].bool()
-            nll_sums[rows] = (token_nll.double() * scored).sum(dim=1).cpu().numpy()
+            targets = torch.full_like(input_ids, IGNORED)
+            targets[:, :-1] = input_ids[:, 1:].masked_fill(~scored, IGNORED)
+            token_nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                        ignore_index=IGNORED, reduction="none")
+            # summed in float64: a sequence's sum of float32 NLLs would round at its length × eps32
+            nll_sums[rows] = token_nll.view(input_ids.shape).double().sum(dim=1).cpu().numpy()
             counts[rows] = scored.sum(dim=1).cpu().numpy()
     return nll_sums, counts
 

@@ -1,85 +1,150 @@
-"""``dihal-bench run --dry-run``: the resolved plan, its jobs, and a rough cost estimate.
+"""The units of work of a run, and ``dihal-bench run --dry-run``: the plan with a rough cost estimate.
 
-Nothing is loaded: the backbone's size is read from its name ("8B", "135m") or from the
-table of known models, and time is FLOPs over an assumed sustained throughput, so the
-estimate says which jobs dominate and roughly how long and how much memory they need,
-not the exact figure.
+:func:`seed_units` is the one list of a seed's units: the runner counts its progress by it and
+checks that it does exactly these, and the dry-run prints it.
+
+Nothing is loaded: the backbone's size is the parameter count its plugin declares when it
+registers (meta ``parameters``), else read from its name ("8B", "135m"), and time is FLOPs
+over an assumed sustained throughput, so the estimate says which jobs dominate and roughly
+how long and how much memory they need, not the exact figure.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
 from dihal_bench.budget import Budget
+from dihal_bench.plugins import get_registry
 
-KNOWN_PARAMETERS = {"smollm2-135m": 134.5e6, "gemma3-270m": 268.1e6}
 #: sustained FLOP/s assumed per device kind: a bf16 datacentre GPU at ~35% utilisation, and
 #: the 2-core CPU this project is developed on (SmolLM2-135M forward: ~550 tokens/s measured)
 THROUGHPUT = {"cuda": 300e12, "cpu": 1.5e11}
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def parameters_from_name(name: str) -> float | None:
-    if name in KNOWN_PARAMETERS:
-        return KNOWN_PARAMETERS[name]
+def backbone_parameters(name: str) -> float | None:
+    """The parameter count of backbone ``name`` without loading it: what its registration
+    declares, else a size in the name of a hub model ("Llama-3.1-8B", "SmolLM2-135M"), else None."""
+    registration = get_registry().items["backbone"].get(name)
+    declared = None if registration is None else registration.meta.get("parameters")
+    if declared is not None:
+        return float(declared)
     match = re.search(r"(\d+(?:\.\d+)?)\s*([bBmM])\b", name.replace("-", " ").replace("_", " "))
     if not match:
         return None
     return float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6)
 
 
-def jobs(config: dict) -> list[dict]:
-    """One entry per job of one seed: kind, what it does, tokens through the backbone, tokens trained."""
+@dataclass(frozen=True)
+class Unit:
+    """One unit of a seed's work: what the progress bar counts and the dry-run lists."""
+
+    stage: str  # locate, targets, sweep, dihal, baselines, metrics, latency
+    label: str
+
+
+def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[int]:
+    """Exactly ``count`` candidate layers of 1..L-1 (all of them when there are fewer): every
+    layer in ``required`` (ℓ*, the worst-scored layer) plus the rest spread evenly over the
+    remaining ones, so a plan knows the sweep's size before ℓ* is known."""
+    candidates = list(range(1, num_layers))
+    if len(candidates) <= count:
+        return candidates
+    chosen = set(required)
+    rest = [layer for layer in candidates if layer not in chosen]
+    free = count - len(chosen)
+    if free > 0:
+        picks = [round(i * (len(rest) - 1) / (free - 1)) for i in range(free)] if free > 1 else [len(rest) // 2]
+        chosen |= {rest[i] for i in picks}
+    return sorted(chosen)
+
+
+def sweep_size(config: dict, num_layers: int | None) -> int:
+    layers = config["sweep"]["layers"]
+    if layers != "auto":
+        return len(layers)
+    count = config["sweep"]["count"]
+    return count if num_layers is None else min(count, num_layers - 1)
+
+
+def target_lengths(config: dict) -> list[int]:
+    """Sequence lengths whose training split needs bridge targets (one extraction job each)."""
+    lengths = set()
+    if sweep_size(config, None):
+        lengths.add(Budget.from_dict(config["sweep"]["budget"]).seq_len)
+    if config["methods"]["dihal"]:
+        lengths.add(Budget.from_dict(config["budget"]).seq_len)
+    return sorted(lengths)
+
+
+def method_names(config: dict) -> list[str]:
+    return [f"dihal-{role}" for role in config["methods"]["dihal"]] + list(config["methods"]["baselines"])
+
+
+def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
+    """Every unit of work of one seed, in the order the runner does them. ``num_layers`` (the
+    backbone's depth, when known) caps an automatic sweep at the layers there are."""
+    n_sweep = sweep_size(config, num_layers)
+    return [
+        Unit("locate", "locate"),
+        *(Unit("targets", f"bridge targets T={length}") for length in target_lengths(config)),
+        *(Unit("sweep", f"sweep layer {i + 1}/{n_sweep}") for i in range(n_sweep)),
+        *(Unit("dihal" if name.startswith("dihal-") else "baselines", name) for name in method_names(config)),
+        *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
+        Unit("latency", "latency"),
+    ]
+
+
+def unit_cost(unit: Unit, config: dict) -> tuple[str, int, int]:
+    """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
     locate, sweep, sampling = config["locate"], config["sweep"], config["sampling"]
     budget = Budget.from_dict(config["budget"])
     sweep_budget = Budget.from_dict(sweep["budget"])
-    n_layers = len(sweep["layers"]) if sweep["layers"] != "auto" else sweep["count"]
-    plan = [{"job": "locate", "detail": f"N={locate['tokens']} tokens x all layers, {len(locate['proxies'])} proxies",
-             "backbone_tokens": locate["tokens"] * 2, "trained_tokens": 0}]
-    plan.append({"job": "bridge targets", "detail": "one forward pass over the training split",
-                 "backbone_tokens": sweep_budget.sequences_needed // max(sweep_budget.epochs, 1) * sweep_budget.seq_len,
-                 "trained_tokens": 0})
-    for i in range(n_layers):
-        plan.append({"job": f"sweep-layer {i + 1}/{n_layers}", "detail": f"{sweep_budget.steps} steps",
-                     "backbone_tokens": sweep["eval_sequences"] * sweep_budget.seq_len * 3,
-                     "trained_tokens": sweep_budget.steps * sweep_budget.tokens_per_step})
-    for role in config["methods"]["dihal"]:
-        plan.append({"job": f"dihal-{role}", "detail": f"{budget.steps} steps + {sampling['samples']} samples",
-                     "backbone_tokens": sampling["samples"] * sampling["seq_len"],
-                     "trained_tokens": budget.steps * budget.tokens_per_step})
-    for name in config["methods"]["baselines"]:
-        in_budget = name != "ar-backbone"
-        plan.append({"job": name, "detail": f"{budget.steps if in_budget else 0} steps + {sampling['samples']} samples",
-                     "backbone_tokens": sampling["samples"] * sampling["seq_len"],
-                     "trained_tokens": budget.steps * budget.tokens_per_step if in_budget else 0})
-    methods = len(config["methods"]["dihal"]) + len(config["methods"]["baselines"])
-    plan.append({"job": "metrics", "detail": f"{methods} methods x {sampling['samples']} samples under the evaluator",
-                 "backbone_tokens": methods * sampling["samples"] * sampling["seq_len"] * 2, "trained_tokens": 0})
-    return plan
+    samples = sampling["samples"] * sampling["seq_len"]
+    if unit.stage == "locate":
+        return f"N={locate['tokens']} tokens x all layers, {len(locate['proxies'])} proxies", locate["tokens"] * 2, 0
+    if unit.stage == "targets":
+        needed = max(b.distinct_sequences for b in (budget, sweep_budget))
+        return "one forward pass over the training subset, stored", needed * budget.seq_len, 0
+    if unit.stage == "sweep":
+        return (f"{sweep_budget.steps} steps", sweep["eval_sequences"] * sweep_budget.seq_len * 3,
+                sweep_budget.steps * sweep_budget.tokens_per_step)
+    if unit.stage == "dihal":
+        return f"{budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+    if unit.stage == "baselines":
+        return f"up to {budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+    if unit.stage == "metrics":
+        return f"{sampling['samples']} samples under the evaluator", samples * 2, 0
+    repeats = config["metrics"]["latency_repeats"]
+    return f"{repeats} timed decodes per method", (repeats + 1) * len(method_names(config)) * samples, 0
 
 
 def format_plan(name: str, config: dict) -> str:
-    params = parameters_from_name(config["backbone"])
+    params = backbone_parameters(config["backbone"])
     device = "cuda" if str(config["device"]).startswith("cuda") else "cpu"
     bytes_per = BYTES.get(config["dtype"], 4)
-    rows = []
-    for job in jobs(config):
+    rows, total = [], 0.0
+    for unit in seed_units(config):
+        detail, backbone_tokens, trained_tokens = unit_cost(unit, config)
         seconds = None
         if params:
             # forward 2·P·tokens through the frozen backbone; training a ~P/100 trainable part
             # on cached targets costs far less, so it is counted as 6·(P/100)·tokens
-            flops = 2 * params * job["backbone_tokens"] + 6 * (params / 100) * job["trained_tokens"]
+            flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
             seconds = flops / THROUGHPUT[device]
-        rows.append([job["job"], job["detail"], f"{job['backbone_tokens']:,}", f"{job['trained_tokens']:,}",
-                     _duration(seconds)])
+            total += seconds
+        rows.append([unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)])
     seeds = len(config["seeds"])
     lines = [f"suite {name}: {config['description']}", "", "resolved config:",
              json.dumps(config, indent=2), "",
              f"jobs per seed ({seeds} seed{'s' if seeds > 1 else ''}: {config['seeds']}):",
-             tabulate(rows, headers=["job", "what", "backbone tokens", "trained tokens", "est. time"])]
+             tabulate(rows, headers=["unit", "what", "backbone tokens", "trained tokens", "est. time"])]
+    if params:
+        lines.append(f"total: {_duration(total)} per seed, {_duration(total * seeds)} for {seeds} seed(s)")
     if params:
         weights = params * bytes_per
         lines.append(f"\nmemory: backbone weights {weights / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters, "

@@ -1,17 +1,28 @@
-"""Load plugins and collect what they register.
+"""Load plugins, check what they register against its kind's contract, and resolve references.
 
 Every plugin, built-in or third-party, is a module listed under the ``dihal_bench``
 entry-point group. We load the entry points ourselves (not with pluggy's
 ``load_setuptools_entrypoints``) so that one broken plugin is reported and skipped
 instead of stopping the tool, and so that every registration knows which distribution
 it came from.
+
+Each ``register(name, obj, **meta)`` call is checked as it is made (:data:`META_RULES` for
+the meta keys, :data:`OBJECT_CHECKS` for the object): a plugin whose registration breaks the contract is
+a failure like one whose hook raises, found when the tool starts rather than as a wrong
+number later (a misspelt ``higher_is_better`` once silently flipped a proxy's sign).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
+import inspect
+import os
+import reprlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import pluggy
 
@@ -30,6 +41,147 @@ KINDS = {
     "metric": "register_metrics",
     "suite": "register_suites",
 }
+
+
+class ContractViolation(DihalError):
+    """A registration that breaks its kind's contract: the registering hook fails with it."""
+
+
+# --- the contract of each kind ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetaRule:
+    """One meta key a kind accepts: which values, said how in an error, and whether it must be given."""
+
+    accepts: Callable[[Any], bool]
+    expected: str
+    required: bool = False
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and "\n" not in value
+
+
+DESCRIPTION = MetaRule(_is_text, "a non-empty one-line string")
+HANDLES = MetaRule(callable, "a callable(reference: str) -> bool")
+
+#: kind -> the meta keys its registrations may carry
+META_RULES: dict[str, dict[str, MetaRule]] = {
+    "backbone": {
+        "description": DESCRIPTION,
+        "handles": HANDLES,
+        # bool is an int subclass; a True parameter count is a bug, not 1
+        "parameters": MetaRule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+                               "a positive int (the parameter count)"),
+    },
+    "corpus": {"description": DESCRIPTION, "handles": HANDLES},
+    "proxy": {
+        "higher_is_better": MetaRule(lambda v: isinstance(v, bool), "True or False", required=True),
+        "description": DESCRIPTION,
+    },
+    "bridge": {"description": DESCRIPTION},
+    "baseline": {"description": DESCRIPTION},
+    "metric": {
+        "higher_is_better": MetaRule(lambda v: v is None or isinstance(v, bool),
+                                     "True, False or None (no better direction)"),
+        "display_name": MetaRule(_is_text, "a short one-line column title"),
+        "description": DESCRIPTION,
+    },
+    "suite": {"description": DESCRIPTION},
+}
+
+
+def _check_meta(kind: str, meta: dict) -> str | None:
+    rules = META_RULES[kind]
+    for key, value in meta.items():
+        if key not in rules:
+            close = difflib.get_close_matches(key, rules, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(rules)})"
+            return f"unknown meta key {key!r}{hint}"
+        if not rules[key].accepts(value):
+            return f"{key}={value!r} is not {rules[key].expected}"
+    missing = [key for key, rule in rules.items() if rule.required and key not in meta]
+    if missing:
+        return f"missing required meta {', '.join(f'{key}=' for key in missing)}"
+    return None
+
+
+def _describe(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or reprlib.repr(obj)
+
+
+def _check_callable(name: str, obj: Any) -> str | None:
+    return None if callable(obj) else f"{_describe(obj)} is not callable"
+
+
+def _check_proxy(name: str, obj: Any) -> str | None:
+    if not callable(obj):
+        return _check_callable(name, obj)
+    try:
+        parameters = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return f"the signature of {_describe(obj)} cannot be read, so it cannot be checked"
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    if not parameters or parameters[0].kind not in positional:
+        return f"{_describe(obj)} takes no positional parameter for the (N, d) hidden-state tensor"
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    # the harness passes only the tensor positionally; constants must be able to stay unset
+    undefaulted = [p.name for p in parameters[1:] if p.kind not in variadic and p.default is p.empty]
+    if undefaulted:
+        return (f"{_describe(obj)}: parameter(s) {', '.join(undefaulted)} after the tensor have no default "
+                "(a proxy's constants need defaults)")
+    return None
+
+
+def _check_baseline(name: str, obj: Any) -> str | None:
+    # imported here: dihal_bench.baseline pulls in torch and the training loop, which a
+    # process that only lists plugins or resolves names does not otherwise need
+    from dihal_bench.baseline import Baseline
+
+    if not inspect.isclass(obj):
+        return f"{_describe(obj)} is not a class: a baseline registers its Baseline subclass itself"
+    if not issubclass(obj, Baseline):
+        return f"class {obj.__qualname__} is not a subclass of dihal_bench.baseline.Baseline"
+    if inspect.isabstract(obj):
+        return f"class {obj.__qualname__} leaves {', '.join(sorted(obj.__abstractmethods__))} unimplemented"
+    if obj.name != name:
+        return f"class {obj.__qualname__} has name {obj.name!r}, not the registered {name!r}"
+    return None
+
+
+def _check_suite(name: str, obj: Any) -> str | None:
+    if not isinstance(obj, (str, os.PathLike)):
+        return f"{_describe(obj)} is not a path to a suite file"
+    if not Path(obj).is_file():
+        return f"suite file {os.fspath(obj)} does not exist"
+    return None
+
+
+#: kind -> check of the registered object: None when it is fine, else what is wrong
+OBJECT_CHECKS: dict[str, Callable[[str, Any], str | None]] = {
+    "backbone": _check_callable,
+    "corpus": _check_callable,
+    "proxy": _check_proxy,
+    # what a bridge factory returns is checked where it is built: calling it here would build one
+    "bridge": _check_callable,
+    "baseline": _check_baseline,
+    "metric": _check_callable,
+    "suite": _check_suite,
+}
+
+
+def check_registration(kind: str, name: Any, obj: Any, meta: dict) -> None:
+    """Raise :class:`ContractViolation` if ``register(name, obj, **meta)`` breaks ``kind``'s contract."""
+    if not _is_text(name) or name != name.strip():
+        raise ContractViolation(f"{kind} name {name!r} is not a non-empty string without surrounding blanks")
+    problem = _check_meta(kind, meta) or OBJECT_CHECKS[kind](name, obj)
+    if problem:
+        raise ContractViolation(f"{kind} {name!r}: {problem}")
+
+
+# --- the registry ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -80,6 +232,34 @@ class Registry:
 
     def names(self, kind: str) -> list[str]:
         return sorted(self.items[kind])
+
+    def resolve(self, kind: str, reference: str) -> tuple[Registration, tuple]:
+        """The registration a user's ``reference`` means, and the positional arguments its
+        factory is called with: a registered name, ``()``; else the one registration whose
+        declared ``handles(reference)`` is true, ``(reference,)``."""
+        if reference in self.items[kind]:
+            return self.items[kind][reference], ()
+        handlers = [reg for _, reg in sorted(self.items[kind].items()) if "handles" in reg.meta]
+        takers = [reg for reg in handlers if self._handles(reg, reference)]
+        if len(takers) == 1:
+            return takers[0], (reference,)
+        if takers:
+            claimants = ", ".join(f"{reg.name} (from {reg.source})" for reg in takers)
+            raise DihalError(f"{kind} {reference!r} is accepted by more than one plugin: {claimants}; "
+                             "uninstall one, or ask its author to narrow what its `handles` accepts")
+        error = unknown_name(kind, reference, self.items[kind])
+        if not handlers:
+            raise error
+        accepted = "; ".join(f"{reg.name} ({reg.meta.get('description', 'its own references')})" for reg in handlers)
+        raise DihalError(f"{error}; or a reference handled by {accepted}")
+
+    @staticmethod
+    def _handles(reg: Registration, reference: str) -> bool:
+        try:
+            return bool(reg.meta["handles"](reference))
+        except Exception as exc:  # noqa: BLE001 - name the plugin, whatever its bug
+            raise DihalError(f"{reg.kind} {reg.name!r} from {reg.source}: handles({reference!r}) failed: "
+                             f"{_one_line(exc)}") from exc
 
     def all(self) -> list[Registration]:
         return [reg for kind in KINDS for _, reg in sorted(self.items[kind].items())]
@@ -147,12 +327,15 @@ def build_registry(
             collected: list[Registration] = []
 
             def register(name: str, obj: Any, _kind=kind, _impl=impl, _d=dist_name, _v=dist_version, **meta):
+                check_registration(_kind, name, obj, meta)
                 collected.append(Registration(_kind, name, obj, meta, _impl.plugin_name, _d, _v))
 
             try:
                 impl.function(register=register)
             except Exception as exc:  # noqa: BLE001
-                registry.failures.append(PluginFailure(impl.plugin_name, dist_name, f"{hook_name}: {_one_line(exc)}"))
+                # a contract message is written for this list; a raised bug is named by its type
+                reason = str(exc) if isinstance(exc, ContractViolation) else _one_line(exc)
+                registry.failures.append(PluginFailure(impl.plugin_name, dist_name, f"{hook_name}: {reason}"))
                 continue
             for reg in collected:
                 registry.add(reg)
@@ -186,10 +369,3 @@ def unregister_plugin(name: str) -> None:
     _inline[:] = [(n, p) for n, p in _inline if n != name]
     get_registry(refresh=True)
 
-
-def lookup(kind: str, name: str) -> Registration:
-    return get_registry().get(kind, name)
-
-
-def factory(kind: str, name: str) -> Callable:
-    return lookup(kind, name).obj

@@ -1,28 +1,100 @@
-"""Writing results so that a crash never leaves a half-written file behind."""
+"""Writing results so that a crash never leaves a half-written file behind, and reading them
+back so that a damaged file is never trusted.
+
+Every write goes to a uniquely named temporary file in the target's folder (two processes
+writing the same target never share one), is flushed to disk, gets the mode a plain
+``open(path, "w")`` would give a new file under the user's umask, and is renamed over the
+target in one step.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import string
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from dihal_bench.errors import DihalError
+
 #: the schema tag of a run record (``results/*.json``)
-RECORD_FORMAT = "dihal-bench/run-record/v1"
+RECORD_FORMAT = "dihal-bench/run-record/v2"
+#: the format before v2, still read (through :func:`migrate_v1`)
+RECORD_FORMAT_V1 = "dihal-bench/run-record/v1"
+#: the JSON Schema of a v2 record, shipped in the package
+RECORD_SCHEMA = Path(__file__).parent / "schemas" / "run-record-v2.schema.json"
+#: how the temporary files of atomic writes end
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def current_umask() -> int:
+    """The process's umask. Linux reports it in /proc; elsewhere it can only be read by setting
+    it, which for an instant gives files created by other threads a wide-open mode."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path to write ``path``'s new content to (by any writer that takes a path).
+
+    When the block ends normally the file is synced to disk, given mode 0666 minus the
+    umask and renamed over ``path``; when it raises, the temporary file is removed and
+    ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    os.close(fd)
+    temporary = Path(name)
+    try:
+        yield temporary
+        with temporary.open("rb") as written:
+            os.fsync(written.fileno())
+        # mkstemp creates 0600: right for a file being written, wrong for a result others read
+        os.chmod(temporary, 0o666 & ~current_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _sync_folder(path.parent)
+
+
+def is_temporary(path: Path) -> bool:
+    """Whether ``path`` is an `atomic_path` temporary file (one a kill left behind, if no
+    write is under way)."""
+    return path.name.startswith(".") and path.name.endswith(TEMPORARY_SUFFIX)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make the rename itself durable (the folder's entry), where the platform allows it."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as temporary:
+        temporary.write_bytes(data)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -39,3 +111,155 @@ def _jsonable(obj):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# -- integrity ----------------------------------------------------------------------------
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def json_sha256(payload) -> str:
+    """sha256 of ``payload`` as it reads back from JSON: key order, tuples vs lists and int vs
+    str keys do not change it, any changed value does (floats print exactly in JSON)."""
+    normalised = json.loads(json.dumps(payload, default=_jsonable))
+    canonical = json.dumps(normalised, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def read_safetensors(path: Path, sha256: str | None = None, recorded_in: Path | None = None) -> dict:
+    """The tensors in the safetensors file ``path``, checked against ``sha256`` when given
+    (as recorded in ``recorded_in``). DihalError naming the file when it is damaged:
+    truncated, not safetensors, or other bytes than were written."""
+    import safetensors.torch
+
+    path = Path(path)
+    try:
+        if sha256 is not None and file_sha256(path) != sha256:
+            raise DihalError(f"{path} does not match the sha256 recorded in {recorded_in or 'its description'}: "
+                             f"the file is damaged; train it again")
+        return safetensors.torch.load_file(path)
+    except OSError as exc:
+        raise DihalError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except safetensors.SafetensorError as exc:
+        raise DihalError(f"{path} is not a readable safetensors file ({exc}): the file is damaged or "
+                         f"truncated; train it again") from None
+
+
+def warn(message: str) -> None:
+    """One line on stderr that does not tear a progress bar apart."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"Warning: {message}", file=sys.stderr)
+
+
+# -- reading run records ------------------------------------------------------------------
+
+
+def load_record(path: Path) -> dict:
+    """The run record at ``path`` as a v2 record (a v1 record is migrated); DihalError naming
+    the file when it cannot be read, is not JSON, or does not follow the record schema."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DihalError(f"run record {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DihalError(f"run record {path} is not readable JSON ({exc})") from None
+    if isinstance(record, dict) and record.get("format") == RECORD_FORMAT_V1:
+        problem = _v1_problem(record)
+        if problem:
+            raise DihalError(f"{path} is not a valid dihal-bench run record: {problem}")
+        record = migrate_v1(record)
+    problem = record_problem(record)
+    if problem:
+        raise DihalError(f"{path} is not a valid dihal-bench run record: {problem}")
+    return record
+
+
+def record_problem(record) -> str | None:
+    """What makes ``record`` not a v2 run record (the first schema violation), or None."""
+    import jsonschema
+
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    if record.get("format") != RECORD_FORMAT:
+        return f"format {record.get('format')!r}, expected {RECORD_FORMAT!r} (or {RECORD_FORMAT_V1!r})"
+    error = jsonschema.exceptions.best_match(_record_validator().iter_errors(record))
+    if error is None:
+        return None
+    where = "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path) or "the record"
+    return f"{where.lstrip('.')}: {error.message}"
+
+
+@functools.cache
+def _record_validator():
+    import jsonschema
+
+    schema = json.loads(RECORD_SCHEMA.read_text(encoding="utf-8"))
+    return jsonschema.Draft202012Validator(schema)
+
+
+def migrate_v1(record: dict) -> dict:
+    """A v1 record as v2: the metrics it holds described from the current registry (a metric
+    no installed plugin registers gets no direction and its own name as display name), no
+    unit list and no example samples (v1 did not keep them)."""
+    from dihal_bench.plugins import get_registry
+
+    registered = get_registry().items["metric"]
+    names: list[str] = []
+    for entry in record["per_seed"]:
+        for method in entry["methods"].values():
+            for key in method.get("metrics") or {}:
+                if key in registered and key not in names:
+                    names.append(key)
+    migrated = {**record, "format": RECORD_FORMAT,
+                "metrics": {name: metric_description(registered[name]) for name in names},
+                "per_seed": [{**entry, "units": entry.get("units", [])} for entry in record["per_seed"]]}
+    return migrated
+
+
+def metric_description(registration) -> dict:
+    """What a run record keeps of a metric's registration (record ``metrics`` entries)."""
+    meta = registration.meta
+    return {"higher_is_better": meta.get("higher_is_better"),
+            "display_name": meta.get("display_name") or registration.name,
+            "description": meta.get("description", ""), "source": registration.source}
+
+
+def _v1_problem(record: dict) -> str | None:
+    for key, kind in (("backbone", str), ("corpus", str), ("jobs", str), ("config", dict), ("per_seed", list)):
+        if not isinstance(record.get(key), kind):
+            return f"{key!r} is missing or not a {kind.__name__}"
+    if not record["per_seed"]:
+        return "'per_seed' is empty"
+    for index, entry in enumerate(record["per_seed"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("seed"), int):
+            return f"per_seed[{index}] has no integer 'seed'"
+        methods = entry.get("methods")
+        if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
+            return f"per_seed[{index}] (seed {entry['seed']}) has no 'methods' object of method entries"
+    return None
+
+
+_SLUG_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._")
+#: The most characters one name contributes to a folder name: a group's three names, the
+#: separators and a digest stay well under the 255 bytes a file system allows one name.
+SLUG_MAX_CHARACTERS = 64
+
+
+def slug(name: str) -> str:
+    """``name`` as a safe piece of one file or folder name: ASCII letters, digits, ``-``,
+    ``.`` and ``_`` are kept and any other character (``/``, ``\\``, NUL, spaces, other
+    scripts) becomes ``_``, as does a leading ``.`` or ``-`` (no ``..``, hidden or
+    option-like names); at most SLUG_MAX_CHARACTERS characters. Lossy: the leaderboard's
+    folders keep names that slug alike apart."""
+    kept = "".join(c if c in _SLUG_CHARACTERS else "_" for c in name)[:SLUG_MAX_CHARACTERS]
+    if kept[:1] in (".", "-"):
+        kept = "_" + kept[1:]
+    return kept or "_"

@@ -1,15 +1,17 @@
-"""``dihal-bench run``: the whole study as resumable jobs (DESIGN.md §4.2-§4.6).
+"""``dihal-bench run``: the whole study as resumable jobs (docs/method.md#suites).
 
-Per seed: locate → bridge sweep → DiHAL at ℓ*, the worst-scored and the oracle layer
-under the matched budget → every baseline under the same budget → samples from every
-method → metrics → latency. Each unit is a job keyed by a hash of its inputs
-(``dihal_bench.jobs``), so an interrupted run restarts where it stopped and gives the
-same numbers. The run ends with one record in ``results/``.
+Per seed: locate → bridge targets → bridge sweep → DiHAL at ℓ*, the worst-scored and the
+oracle layer under the matched budget → every baseline under the same budget → samples from
+every method → metrics → latency, in the order of :func:`dihal_bench.plan.seed_units`. Each
+unit is made of jobs keyed by a hash of their inputs (``dihal_bench.jobs``), so an interrupted
+run restarts where it stopped and gives the same numbers. The run ends with one record in the
+results folder (``runs/results/`` by default).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -17,32 +19,41 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone, load_backbone
 from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus, pack, tokenize_documents
-from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import HybridLM
-from dihal_bench.jobs import JobStore
-from dihal_bench.locate import LocateConfig, locate
-from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plugins import get_registry
-from dihal_bench.provenance import environment
-from dihal_bench.records import RECORD_FORMAT, write_json_atomic
-from dihal_bench.sweep import (
+from dihal_bench.bridge_training import (
     BridgeSpec,
     SplitTensors,
-    auto_layers,
-    distinct_sequences,
     evaluate_layer,
-    layer_correlations,
     packed_split,
     train_bridge,
     training_subset,
     with_states,
 )
+from dihal_bench.budget import Budget
+from dihal_bench.corpus import load_corpus, pack, tokenize_documents
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid import HybridLM, intact_control
+from dihal_bench.jobs import JobStore, spec_hash
+from dihal_bench.locate import LocateConfig, locate
+from dihal_bench.metrics import MetricContext, SampleSet
+from dihal_bench.plan import Unit, auto_sweep_layers, seed_units
+from dihal_bench.plugins import get_registry
+from dihal_bench.preflight import check_suite
+from dihal_bench.protocol import bridge_spec, matched_budget, section_budget
+from dihal_bench.provenance import environment
+from dihal_bench.records import (
+    RECORD_FORMAT,
+    metric_description,
+    record_problem,
+    slug,
+    write_json_atomic,
+    write_text_atomic,
+)
+from dihal_bench.sweep import check_layers, layer_correlations
 
 
 class Run:
@@ -52,8 +63,10 @@ class Run:
         self.suite, self.config, self.progress = suite, config, progress
         self.store = JobStore(Path(out_root) / suite / "jobs")
         self.timings: dict[str, float] = {}
-        self._train_states: dict[int, SplitTensors] = {}  # by sequence length
         self._valid_states: dict[int, SplitTensors] = {}
+        self.targets: dict[int, dict] = {}  # the bridge-targets job's result, by sequence length
+        self.units: list[Unit] = []  # this seed's plan (dihal_bench.plan.seed_units)
+        self.done: list[str] = []  # the labels of the units done so far, in order
         self.bar: tqdm | None = None  # the whole seed's progress, one step per unit of work
 
     # -- lazily loaded, shared by the jobs that need them ---------------------------------------
@@ -81,62 +94,79 @@ class Run:
         """What every job depends on: the data and the backbone."""
         return {"backbone": self.config["backbone"], "corpus": self.config["corpus"]}
 
-    def timed(self, stage: str, fn, *args, **kwargs):
-        """Run one unit of work, adding its wall time to its stage and advancing the run's bar."""
+    def timed(self, label: str, fn, *args, **kwargs):
+        """Run the plan's next unit of work (which must be ``label``), adding its wall time to its
+        stage and advancing the run's bar."""
+        expected = self.units[len(self.done)] if len(self.done) < len(self.units) else None
+        if expected is None or expected.label != label:
+            raise AssertionError(f"the runner left its plan: doing {label!r}, planned {expected}")
         if self.bar is not None:
-            self.bar.set_postfix_str(stage)
+            self.bar.set_postfix_str(label)
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
+            self.timings[expected.stage] = self.timings.get(expected.stage, 0.0) + time.perf_counter() - started
+            self.done.append(label)
             if self.bar is not None:
                 self.bar.update(1)
 
-    # -- budgets --------------------------------------------------------------------------------
-    def bridge_spec(self, budget_table: dict, seed: int) -> BridgeSpec:
-        bridge = self.config["bridge"]
-        return BridgeSpec(name=bridge["name"], options=dict(bridge["options"]),
-                          budget=Budget.from_dict({**budget_table, "seed": seed}),
-                          sample_steps=bridge["sample_steps"], sink_passthrough=bridge["sink_passthrough"])
-
-    def matched_budget(self, seed: int) -> Budget:
-        """The one budget every method trains under; its allowance is the DiHAL bridge's size."""
-        table = dict(self.config["budget"])
-        if table.get("param_allowance") is None:
-            table["param_allowance"] = self.bridge_spec(table, seed).parameter_count(self.backbone.width)
-        return Budget.from_dict({**table, "seed": seed})
-
     # -- data -------------------------------------------------------------------------------------
-    def prepare_data(self, seed: int, layers: list[int], budgets: list[Budget]) -> None:
-        """Declare what this seed's jobs train on: every budget draws a prefix of one seeded
-        subset of the training split, and bridges need hidden states at ``layers``. Nothing is
-        computed until a job that is not finished yet asks for it."""
-        self.data_seed, self.data_layers, self.data_budgets = seed, sorted(layers), budgets
-        self._train_states.clear()
+    def check_inputs(self) -> None:
+        """What can only be checked with the backbone and corpus loaded, before any job runs:
+        explicit sweep layers exist and the training split can feed every budget."""
+        if self.config["sweep"]["layers"] != "auto":
+            check_layers(self.backbone, self.config["sweep"]["layers"])
+        for section in ("sweep.budget", "budget"):
+            budget = section_budget(self.config, section, seed=0)
+            budget.check_fits(len(packed_split(self.backbone, self.corpus, "train", budget.seq_len)))
 
-    def train_sequences(self, budget: Budget) -> torch.Tensor:
-        same_length = [b for b in self.data_budgets if b.seq_len == budget.seq_len] or [budget]
+    def extract_targets(self, seed: int, layers: list[int], budgets: list[Budget]) -> None:
+        """The bridge-targets job of each sequence length: every budget draws a prefix of one
+        seeded subset of the training split; its hidden states at ``layers`` (and the embedding
+        output) are computed once and stored as safetensors, so a killed run does not redo them."""
+        self.targets.clear()
+        for length in sorted({b.seq_len for b in budgets}):
+            same_length = [b for b in budgets if b.seq_len == length]
+            spec = {**self.identity(), "seq_len": length, "layers": sorted(layers), "seed": seed,
+                    "budgets": [b.to_dict() for b in same_length]}
+
+            def work(folder: Path, same_length=same_length) -> dict:
+                packed = packed_split(self.backbone, self.corpus, "train", same_length[0].seq_len)
+                sequences = training_subset(packed, same_length, seed)
+                states = with_states(self.backbone, sequences, layers, self.progress)
+                save_file({"sequences": sequences.contiguous()}, folder / "sequences.safetensors")
+                files = {}
+                for layer, tensor in states.states.items():
+                    save_file({"states": tensor.contiguous()}, folder / f"layer-{layer}.safetensors")
+                    files[str(layer)] = self.store.relative(folder / f"layer-{layer}.safetensors")
+                return {"sequences": self.store.relative(folder / "sequences.safetensors"), "layers": files,
+                        "count": len(sequences)}
+
+            self.targets[length] = self.timed(f"bridge targets T={length}", self.store.run, "bridge-targets",
+                                              spec, work)
+
+    def train_sequences(self, budget: Budget, seed: int) -> torch.Tensor:
+        """The training sequences a budget draws: a prefix of the seed's permutation of the
+        training split, the same prefix the bridge-targets job stores."""
         packed = packed_split(self.backbone, self.corpus, "train", budget.seq_len)
-        return training_subset(packed, same_length, self.data_seed)[:distinct_sequences(budget)]
+        return training_subset(packed, [budget], seed)[:budget.distinct_sequences]
 
-    def train_states(self, budget: Budget) -> SplitTensors:
-        """Training sequences with their hidden states, extracted once for all layers of the seed."""
-        cache = self._train_states
-        if budget.seq_len not in cache:
-            cache.clear()  # hidden states of the training split are large: keep one set at a time
-            longest = max((b for b in self.data_budgets if b.seq_len == budget.seq_len), key=distinct_sequences,
-                          default=budget)
-            cache[budget.seq_len] = with_states(self.backbone, self.train_sequences(longest), self.data_layers,
-                                                self.progress)
-        return cache[budget.seq_len].head(distinct_sequences(budget))
+    def train_states(self, budget: Budget, layer: int) -> SplitTensors:
+        """The training sequences a budget draws, with the bridge's condition (h_0) and target
+        (h_layer), read from the bridge-targets job."""
+        stored = self.targets[budget.seq_len]
+        count = budget.distinct_sequences
+        sequences = load_file(self.store.resolve(stored["sequences"]))["sequences"][:count]
+        states = {at: load_file(self.store.resolve(stored["layers"][str(at)]))["states"][:count] for at in (0, layer)}
+        return SplitTensors(sequences, states)
 
-    def valid_states(self, seq_len: int) -> SplitTensors:
+    def valid_states(self, seq_len: int, layers: list[int]) -> SplitTensors:
         cache = self._valid_states
-        if seq_len not in cache or not set(self.data_layers) <= set(cache[seq_len].states):
+        if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
             cache[seq_len] = with_states(self.backbone, sequences[:self.config["sweep"]["eval_sequences"]],
-                                         self.data_layers, self.progress)
+                                         layers, self.progress)
         return cache[seq_len]
 
     def reference_texts(self, n: int, seq_len: int) -> list[str]:
@@ -146,44 +176,60 @@ class Run:
         return self.backbone.tokenizer.batch_decode(windows, skip_special_tokens=True)
 
 
-def run_suite(suite: str, config: dict, *, out_root: Path = Path("runs"), results_dir: Path = Path("results"),
+def run_suite(suite: str, config: dict, *, out_root: Path = Path("runs"), results_dir: Path = Path("runs/results"),
               progress: bool = True) -> Path:
     """Run every stage for every seed and write the run record; returns its path."""
-    check_methods(config)
+    check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)})
     run = Run(suite, config, out_root, progress)
-    started = time.perf_counter()
-    per_seed = []
-    for seed in tqdm(config["seeds"], desc=f"suite {suite}", unit="seed", disable=not progress or len(config["seeds"]) < 2):
-        per_seed.append(run_seed(run, seed))
-    record = {
-        "format": RECORD_FORMAT,
-        "suite": suite,
-        "backbone": config["backbone"],
-        "corpus": config["corpus"],
-        "evaluator": config["evaluator"],
-        "seeds": list(config["seeds"]),
-        "config": config,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "environment": environment(),
-        "timings": {**run.timings, "total_seconds": time.perf_counter() - started},
-        "jobs": str(run.store.root),
-        "per_seed": per_seed,
-    }
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(results_dir) / f"{suite}-{_slug(config['backbone'])}-{stamp}.json"
-    write_json_atomic(path, record)
+    run.check_inputs()
+    with run.store.lock():
+        started = time.perf_counter()
+        per_seed = []
+        for seed in tqdm(config["seeds"], desc=f"suite {suite}", unit="seed",
+                         disable=not progress or len(config["seeds"]) < 2):
+            per_seed.append(run_seed(run, seed))
+        record = {
+            "format": RECORD_FORMAT,
+            "suite": suite,
+            "backbone": config["backbone"],
+            "corpus": config["corpus"],
+            "evaluator": config["evaluator"],
+            "seeds": list(config["seeds"]),
+            "config": config,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": environment(),
+            "timings": {**run.timings, "total_seconds": time.perf_counter() - started},
+            "jobs": str(run.store.root),
+            "metrics": {name: metric_description(get_registry().get("metric", name)) for name in metric_names(config)},
+            "per_seed": per_seed,
+        }
+        problem = record_problem(json.loads(json.dumps(record, default=str)))
+        if problem:  # a bug, not bad input: the record this code writes must follow its schema
+            raise AssertionError(f"the run record does not follow its schema: {problem}")
+        path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config['backbone'])}")
+        write_json_atomic(path, record)
     return path
 
 
-def check_methods(config: dict) -> None:
-    registry = get_registry()
-    for name in config["methods"]["baselines"]:
-        registry.get("baseline", name)
-    unknown_roles = set(config["methods"]["dihal"]) - {"chosen", "worst", "oracle"}
-    if unknown_roles:
-        raise DihalError(f"unknown DiHAL role(s) {sorted(unknown_roles)}; known: chosen, worst, oracle")
-    for name in metric_names(config):
-        registry.get("metric", name)
+def _new_record_path(folder: Path, stem: str) -> Path:
+    """A record name no other run has taken: the time to the second, then -2, -3, ... if two runs
+    finish within one second (claimed with O_EXCL, so two processes never pick the same name)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = folder / f"{stem}-{stamp}{'' if attempt == 1 else f'-{attempt}'}.json"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            continue
+    raise DihalError(f"cannot find a free record name for {stem} in {folder}")
+
+
+#: tokens of the warm-up decode before latency is timed: enough to touch every code path
+WARM_UP_TOKENS = 8
+#: sample texts per method kept in the record, for pages that show a few without the job store
+EXAMPLES = 5
 
 
 def metric_names(config: dict) -> list[str]:
@@ -192,11 +238,12 @@ def metric_names(config: dict) -> list[str]:
 
 def run_seed(run: Run, seed: int) -> dict:
     config = run.config
-    methods_count = len(config["methods"]["dihal"]) + len(config["methods"]["baselines"])
-    sweep_count = len(config["sweep"]["layers"]) if config["sweep"]["layers"] != "auto" else config["sweep"]["count"] + 1
-    run.bar = tqdm(total=2 + sweep_count + 2 * methods_count, desc=f"{run.suite} seed {seed}", unit="job",
-                   disable=not run.progress)
-    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **config["locate"], "seed": seed},
+    explicit = config["sweep"]["layers"]
+    run.units, run.done = seed_units(config, run.backbone.num_layers), []
+    run.bar = tqdm(total=len(run.units), desc=f"{run.suite} seed {seed}", unit="unit", disable=not run.progress)
+    # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
+    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **config["locate"], "seed": seed,
+                                                            "sampler": "fewest-sequences"},
                         lambda _: locate(run.backbone, run.corpus, LocateConfig(
                             tokens=config["locate"]["tokens"], seq_len=config["locate"]["seq_len"], seed=seed,
                             proxies=tuple(config["locate"]["proxies"]),
@@ -204,44 +251,52 @@ def run_seed(run: Run, seed: int) -> dict:
     score = dict(zip(located["layers"], located["score"]))
     chosen = located["chosen_layer"]
     worst = min(located["layers"], key=lambda layer: (score[layer], layer))
-    layers = config["sweep"]["layers"]
-    if layers == "auto":
-        # the worst-scored layer joins the sweep so that every DiHAL role's layer has a sweep row
-        layers = sorted(set(auto_layers(located["backbone"]["layers"], chosen, config["sweep"]["count"])) | {worst})
-    sweep_spec = run.bridge_spec(config["sweep"]["budget"], seed)
-    budget = run.matched_budget(seed)
-    spec = run.bridge_spec(config["budget"], seed)
-    run.prepare_data(seed, sorted({*layers, chosen, worst}), [sweep_spec.budget, spec.budget])
-    sweep_rows = [run.timed("sweep", sweep_layer, run, sweep_spec, layer) for layer in layers]
+    # every DiHAL role's layer has a sweep row: ℓ* and the worst-scored layer join an automatic sweep
+    layers = explicit if explicit != "auto" else auto_sweep_layers(run.backbone.num_layers, {chosen, worst},
+                                                                   config["sweep"]["count"])
+    sweep_spec = bridge_spec(config, "sweep.budget", seed)
+    budget = matched_budget(config, seed, run.backbone.width)
+    spec = bridge_spec(config, "budget", seed)
+    data_layers = sorted({*layers, chosen, worst})
+    planned_lengths = [u.label for u in run.units if u.stage == "targets"]
+    run.extract_targets(seed, data_layers, [b for b in (sweep_spec.budget, spec.budget)
+                                            if f"bridge targets T={b.seq_len}" in planned_lengths])
+    sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
+                  for i, layer in enumerate(layers)]
     correlations = layer_correlations(located, sweep_rows, seed)
 
     roles = {
         "chosen": chosen,
         "worst": worst,
-        "oracle": min(sweep_rows, key=lambda row: (row["bridge_mse"], row["layer"]))["layer"],
+        "oracle": min(sweep_rows, key=lambda row: (row["bridge_mse"], row["layer"]))["layer"] if sweep_rows else chosen,
     }
     methods = {}
     for role in config["methods"]["dihal"]:
-        methods[f"dihal-{role}"] = run.timed("dihal", dihal_method, run, spec, budget, roles[role], seed)
+        methods[f"dihal-{role}"] = run.timed(f"dihal-{role}", dihal_method, run, spec, budget, roles[role], seed,
+                                             data_layers)
     for name in config["methods"]["baselines"]:
-        methods[name] = run.timed("baselines", baseline_method, run, name, budget, seed)
+        methods[name] = run.timed(name, baseline_method, run, name, budget, seed)
 
     references = run.reference_texts(config["sampling"]["samples"], config["sampling"]["seq_len"])
     for name, method in methods.items():
-        method["metrics"] = run.timed("metrics", run.store.run, "metrics",
+        method["metrics"] = run.timed(f"metrics {name}", run.store.run, "metrics",
                                       {"samples": method["samples_job"], "evaluator": config["evaluator"],
                                        "metrics": metric_names(config), "seed": seed,
                                        "max_length": config["metrics"]["max_length"]},
                                       lambda _, m=method, n=name: compute_metrics(run, n, m, references, seed))
     latency = run.timed("latency", run.store.run, "latency",
                         {**run.identity(), "methods": {n: m["samples_job"] for n, m in methods.items()},
-                         "repeats": config["metrics"]["latency_repeats"], "seed": seed},
+                         "repeats": config["metrics"]["latency_repeats"], "seed": seed, "protocol": "interleaved"},
                         lambda _: measure_latency(run, methods, roles, spec, budget, seed))
     for name, method in methods.items():
         method["latency"] = latency.get(name)
+        method["samples"]["examples"] = read_samples(run.store.resolve(method["samples"]["path"]))[0][:EXAMPLES]
     run.bar.close()
+    if run.done != [u.label for u in run.units]:
+        raise AssertionError(f"the runner did {run.done}, planned {[u.label for u in run.units]}")
     return {
         "seed": seed,
+        "units": list(run.done),
         "locate": {key: located[key] for key in ("layers", "score", "chosen_layer", "proxies", "preprocessing",
                                                  "tokens_sampled", "timings")},
         "sweep": {"layers": sweep_rows, "budget": sweep_spec.budget.to_dict(), "correlations": correlations},
@@ -251,32 +306,32 @@ def run_seed(run: Run, seed: int) -> dict:
     }
 
 
-def sweep_layer(run: Run, spec: BridgeSpec, layer: int) -> dict:
+def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) -> dict:
     """Train and evaluate the sweep's bridge for ``layer`` under the sweep's fixed protocol."""
     config = run.config
     job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer,
            "eval_sequences": config["sweep"]["eval_sequences"]}
 
     def work(folder: Path) -> dict:
-        train = run.train_states(spec.budget)
+        train = run.train_states(spec.budget, layer)
         bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
-        valid = run.valid_states(spec.budget.seq_len)
+        valid = run.valid_states(spec.budget.seq_len, data_layers)
         return {"layer": layer, **stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid)}
 
     return run.store.run("sweep-layer", job, work)
 
 
-def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int) -> dict:
+def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int, data_layers: list[int]) -> dict:
     """DiHAL at ``layer`` under the matched budget: train, evaluate, sample."""
     config = run.config
     train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer}
 
     def train_work(folder: Path) -> dict:
         budget.check_allowance({"bridge": spec.parameter_count(run.backbone.width)}, name=f"DiHAL bridge (layer {layer})")
-        train = run.train_states(spec.budget)
+        train = run.train_states(spec.budget, layer)
         bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
         save_bridge_checkpoint(bridge, spec.name, layer, run.backbone.name, folder / "bridge")
-        valid = run.valid_states(spec.budget.seq_len)
+        valid = run.valid_states(spec.budget.seq_len, data_layers)
         return {**stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid),
                 "checkpoint": run.store.relative(folder / "bridge")}
 
@@ -311,7 +366,7 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
 
     def train_work(folder: Path) -> dict:
         baseline = build()
-        result = baseline.fit(run.train_sequences(budget), checkpoint_dir=folder / "checkpoint", progress=run.progress)
+        result = baseline.fit(run.train_sequences(budget, seed), checkpoint_dir=folder / "checkpoint", progress=run.progress)
         baseline.save(folder / "model")
         return {"parameters": baseline.parameter_counts(), "steps": result.steps_done,
                 "tokens_seen": result.tokens_seen, "train_seconds": result.wall_seconds,
@@ -337,7 +392,7 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
 def write_samples(run: Run, folder: Path, ids: torch.Tensor) -> dict:
     texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
     path = folder / "samples.jsonl"
-    path.write_text("".join(json.dumps({"text": t, "token_ids": i}) + "\n" for t, i in zip(texts, ids.tolist())))
+    write_text_atomic(path, "".join(json.dumps({"text": t, "token_ids": i}) + "\n" for t, i in zip(texts, ids.tolist())))
     return {"path": run.store.relative(path), "count": len(texts)}
 
 
@@ -354,51 +409,74 @@ def compute_metrics(run: Run, name: str, method: dict, references: list[str], se
     values = {}
     registry = get_registry()
     for metric in metric_names(run.config):
+        registration = registry.get("metric", metric)
+        try:
+            computed = registration.obj(samples, context)
+        except DihalError:
+            raise
+        except Exception as exc:  # a plugin's bug: name it; the metrics jobs done so far stay stored
+            raise DihalError(f"metric {metric!r} ({registration.source}) failed on {name}: "
+                             f"{type(exc).__name__}: {exc}") from exc
         # a metric's own value keeps its name; its side values (counts, warnings) are prefixed
         # with it, so that e.g. entropy's and MAUVE's sample counts cannot overwrite each other
-        for key, value in registry.get("metric", metric).obj(samples, context).items():
+        for key, value in computed.items():
             values[key if key == metric or key.startswith(f"{metric}_") else f"{metric}_{key}"] = value
     return values
 
 
 def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budget: Budget, seed: int) -> dict:
-    """Wall-clock per sequence and per token at batch 1 and at the suite's batch size, median
-    over repeats after one warm-up, and the ratio to the backbone's own decode in this run."""
+    """Wall-clock per sequence and per token at batch 1 and at the suite's batch size, and the
+    ratio to the intact backbone's own decode in this run.
+
+    One protocol for every method: a short warm-up decode (excluded), then ``repeats`` rounds
+    in which every method decodes once per batch size, interleaved (the order rotates each
+    round) so that a slow spell of a shared machine falls on all methods alike; the figure is
+    the median over rounds. The reference is the method whose baseline is the intact backbone,
+    or the backbone measured the same way when the suite has no such method."""
     sampling = run.config["sampling"]
     repeats = run.config["metrics"]["latency_repeats"]
     length, batch = sampling["seq_len"], sampling["batch_size"]
-    generators = {}
+    sizes = sorted({1, batch})
+    registry = get_registry()
+    timed, reference = {}, None
     for name, method in methods.items():
         if method["kind"] == "dihal":
             bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone)
             hybrid = HybridLM(run.backbone, bridge, method["layer"], sink_passthrough=spec.sink_passthrough,
                               steps=spec.sample_steps)
-            generators[name] = lambda n, h=hybrid: h.generate(n, length, seed=seed, batch_size=n)
+            timed[name] = lambda n, t=length, h=hybrid: h.generate(n, t, seed=seed, batch_size=n)
         else:
-            baseline = get_registry().get("baseline", name).obj(run.backbone, budget, seed,
-                                                                **baseline_options(run, name))
+            baseline = registry.get("baseline", name).obj(run.backbone, budget, seed, **baseline_options(run, name))
             baseline.load(run.store.resolve(method["train"]["model_dir"]))
-            generators[name] = lambda n, b=baseline: b.sample(n, length, seed, batch_size=n)
-    results = {}
-    for name, generate in tqdm(generators.items(), desc="latency", disable=not run.progress, leave=False):
-        results[name] = {}
-        for size in (1, batch):
-            generate(size)  # warm-up
-            times = []
-            for _ in range(repeats):
+            timed[name] = lambda n, t=length, b=baseline: b.sample(n, t, seed, batch_size=n)
+            if registry.get("baseline", name).obj.intact_backbone:
+                reference = name
+    if reference is None:
+        backbone = intact_control(run.backbone)
+        timed[reference := "(intact backbone)"] = lambda n, t=length: backbone.generate(n, t, seed=seed, batch_size=n)
+    names = list(timed)
+    for name in names:  # warm-up: allocations, caches and lazy setup, kept out of the figures
+        for size in sizes:
+            timed[name](size, min(length, WARM_UP_TOKENS))
+    times: dict[tuple[str, int], list[float]] = {(name, size): [] for name in names for size in sizes}
+    for round_ in tqdm(range(repeats), desc="latency", disable=not run.progress, leave=False):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            for size in sizes:
                 started = time.perf_counter()
-                generate(size)
-                times.append(time.perf_counter() - started)
-            seconds = statistics.median(times)
-            results[name][f"batch{size}_seconds_per_sequence"] = seconds / size
-            results[name][f"batch{size}_ms_per_token"] = 1000 * seconds / (size * length)
-    reference = results.get("ar-backbone")
-    for name, values in results.items():
-        if reference:
-            for size in (1, batch):
-                values[f"batch{size}_ratio_to_backbone"] = (values[f"batch{size}_seconds_per_sequence"]
-                                                            / reference[f"batch{size}_seconds_per_sequence"])
-    return {"batch_size": batch, "seq_len": length, "repeats": repeats, **results}
+                timed[name](size)
+                times[name, size].append(time.perf_counter() - started)
+    results = {}
+    for name in names:
+        values = results[name] = {}
+        for size in sizes:
+            seconds = statistics.median(times[name, size])
+            values[f"batch{size}_seconds_per_sequence"] = seconds / size
+            values[f"batch{size}_ms_per_token"] = 1000 * seconds / (size * length)
+    for values in results.values():
+        for size in sizes:
+            values[f"batch{size}_ratio_to_backbone"] = (values[f"batch{size}_seconds_per_sequence"]
+                                                        / results[reference][f"batch{size}_seconds_per_sequence"])
+    return {"batch_size": batch, "seq_len": length, "repeats": repeats, "reference": reference, **results}
 
 
 def baseline_options(run: Run, name: str) -> dict:
@@ -408,10 +486,4 @@ def baseline_options(run: Run, name: str) -> dict:
 
 
 def _hash(kind: str, spec: dict) -> str:
-    from dihal_bench.jobs import spec_hash
-
     return spec_hash(kind, spec)
-
-
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-." else "_" for c in name)

@@ -1,12 +1,16 @@
-"""Suites as data (DESIGN.md §4.5): a TOML file over these defaults, plus CLI overrides.
+"""Suites as data (docs/method.md, "Suites"): a TOML file over these defaults, plus overrides.
 
-Every key a suite may set appears in DEFAULTS, so a typo in a suite file or in
-``--set`` is an error that names the key, never a silently ignored setting.
+Every key a suite may set appears in DEFAULTS and every one of them is read by the runner, so a
+typo in a suite file or in ``--set`` is an error that names the key, never a silently ignored
+setting. :func:`check_values` checks every value's type and range before any work starts; the
+names in a suite (backbone, corpus, plugins) are checked against the registry by
+:func:`dihal_bench.preflight.check_suite`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -21,6 +25,10 @@ else:  # pragma: no cover
 #: torch-free module so that the CLI can show it as a default without importing models.
 DIHAL_PROXIES = ("local_curvature", "global_monotonicity", "effective_rank")
 
+DIHAL_ROLES = ("chosen", "worst", "oracle")
+PREPROCESSING = ("trace", "standardize", "none")
+DTYPES = ("float32", "bfloat16", "float16")
+
 DEFAULTS: dict = {
     "description": "",
     "backbone": "smollm2-135m",
@@ -30,7 +38,6 @@ DEFAULTS: dict = {
     "device": "cpu",
     "dtype": "float32",
     "device_map": "",
-    "batch_size": 16,
     "locate": {
         "tokens": 4096,
         "seq_len": 128,
@@ -45,7 +52,7 @@ DEFAULTS: dict = {
     },
     "budget": {},
     "bridge": {"name": "dihal-bridge", "options": {}, "sample_steps": 8, "sink_passthrough": True},
-    "methods": {"dihal": ["chosen", "worst", "oracle"], "baselines": []},
+    "methods": {"dihal": list(DIHAL_ROLES), "baselines": []},
     "sampling": {"samples": 64, "seq_len": 64, "batch_size": 16, "temperature": 1.0, "top_p": 1.0,
                  "diffusion_steps": 50},
     "metrics": {"names": ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "mauve"],
@@ -75,10 +82,11 @@ def _merge(base: dict, update: dict, where: tuple[str, ...], source: str) -> dic
 
 def load_suite_file(path: Path) -> dict:
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise DihalError(f"cannot read suite file {path}: {exc}") from None
-    return _merge(DEFAULTS, data, (), str(path))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DihalError(f"cannot read suite file {path}: {reason}") from None
+    return check_values(_merge(DEFAULTS, data, (), str(path)), str(path))
 
 
 def resolve_suite(name_or_path: str) -> tuple[str, dict]:
@@ -108,7 +116,147 @@ def apply_overrides(config: dict, assignments: dict[str, str]) -> dict:
     for dotted, text in assignments.items():
         node = update
         *parents, leaf = dotted.split(".")
+        if not all(parents) or not leaf:
+            raise DihalError(f"--set {dotted!r}: not a dotted suite key")
         for part in parents:
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise DihalError(f"--set {dotted!r}: {part} is set twice, as a value and as a table")
         node[leaf] = parse_value(text)
-    return _merge(config, update, (), "--set")
+    return check_values(_merge(config, update, (), "--set"), "--set")
+
+
+# -- value checks: one rule per key, so every value is checked before any job runs ------------
+
+
+def _fail(source: str, key: str, expected: str, value) -> DihalError:
+    prefix = f"{source}: " if source else ""
+    return DihalError(f"{prefix}{key} must be {expected}, got {value!r}")
+
+
+def as_int(value, key: str, source: str, minimum: int | None = None):
+    """An integer (a whole float such as TOML's ``1e5`` counts; a bool does not)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(source, key, "an integer" if minimum is None else f"an integer >= {minimum}", value)
+    if minimum is not None and value < minimum:
+        raise _fail(source, key, f"an integer >= {minimum}", value)
+    return value
+
+
+def as_float(value, key: str, source: str, low: float | None = None, high: float | None = None,
+             low_open: bool = False) -> float:
+    """A finite number within [low, high] (``low_open``: low excluded)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(source, key, "a finite number", value)
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        interval = f"{'(' if low_open else '['}{'' if low is None else low}, {'' if high is None else high}]"
+        raise _fail(source, key, f"a number in {interval}", value)
+    return float(value)
+
+
+def _string(value, key: str, source: str, choices=None, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value.strip()):
+        raise _fail(source, key, "a non-empty string" if not allow_empty else "a string", value)
+    if "\n" in value or "\x00" in value:
+        raise _fail(source, key, "a single line", value)
+    if choices is not None and value not in choices:
+        raise _fail(source, key, f"one of {', '.join(choices)}", value)
+    return value
+
+
+def _names(value, key: str, source: str, choices=None, allow_empty: bool = False) -> list[str]:
+    if not isinstance(value, list) or (not allow_empty and not value):
+        raise _fail(source, key, "a list of names" if allow_empty else "a non-empty list of names", value)
+    names = [_string(v, key, source, choices) for v in value]
+    if len(set(names)) != len(names):
+        raise _fail(source, key, "a list without repeats", value)
+    return names
+
+
+def _bool(value, key: str, source: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(source, key, "true or false", value)
+    return value
+
+
+def _seeds(value, key: str, source: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise _fail(source, key, "a non-empty list of non-negative integers", value)
+    seeds = [as_int(v, key, source, minimum=0) for v in value]
+    if len(set(seeds)) != len(seeds):
+        raise _fail(source, key, "a list without repeats", value)
+    return seeds
+
+
+def _layers(value, key: str, source: str):
+    if value == "auto":
+        return value
+    if not isinstance(value, list) or not value:
+        raise _fail(source, key, "'auto' or a non-empty list of layers", value)
+    return sorted({as_int(v, key, source, minimum=1) for v in value})
+
+
+def _table(value, key: str, source: str) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(source, key, "a table", value)
+    return value
+
+
+RULES = {
+    "description": lambda v, k, s: _string(v, k, s, allow_empty=True),
+    "backbone": _string,
+    "corpus": _string,
+    "evaluator": _string,
+    "seeds": _seeds,
+    "device": _string,
+    "dtype": lambda v, k, s: _string(v, k, s, DTYPES),
+    "device_map": lambda v, k, s: _string(v, k, s, allow_empty=True),
+    "locate.tokens": lambda v, k, s: as_int(v, k, s, minimum=2),
+    "locate.seq_len": lambda v, k, s: as_int(v, k, s, minimum=2),
+    "locate.proxies": _names,
+    "locate.preprocessing": lambda v, k, s: _string(v, k, s, PREPROCESSING),
+    "sweep.layers": _layers,
+    "sweep.count": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "sweep.eval_sequences": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "sweep.budget": _table,
+    "budget": _table,
+    "bridge.name": _string,
+    "bridge.options": _table,
+    "bridge.sample_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "bridge.sink_passthrough": _bool,
+    "methods.dihal": lambda v, k, s: _names(v, k, s, DIHAL_ROLES, allow_empty=True),
+    "methods.baselines": lambda v, k, s: _names(v, k, s, allow_empty=True),
+    "sampling.samples": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "sampling.seq_len": lambda v, k, s: as_int(v, k, s, minimum=2),
+    "sampling.batch_size": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "sampling.temperature": lambda v, k, s: as_float(v, k, s, low=0.0, low_open=True),
+    "sampling.top_p": lambda v, k, s: as_float(v, k, s, low=0.0, high=1.0, low_open=True),
+    "sampling.diffusion_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "metrics.names": lambda v, k, s: _names(v, k, s, allow_empty=True),
+    "metrics.mauve": _bool,
+    "metrics.latency_repeats": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "metrics.max_length": lambda v, k, s: as_int(v, k, s, minimum=2),
+}
+
+
+def check_values(config: dict, source: str = "suite") -> dict:
+    """``config`` with every value checked (and whole floats made ints) against RULES; budget
+    tables are checked by building their Budget. Raises DihalError naming the first bad key."""
+    from dihal_bench.budget import Budget
+
+    checked = copy.deepcopy(config)
+    for dotted, rule in RULES.items():
+        *parents, leaf = dotted.split(".")
+        node = checked
+        for part in parents:
+            node = node[part]
+        node[leaf] = rule(node[leaf], dotted, source)
+    for section, table in (("budget", checked["budget"]), ("sweep.budget", checked["sweep"]["budget"])):
+        budget = Budget.from_dict(table, section=section, source=source)
+        table.update({key: getattr(budget, key) for key in table})  # typed as the Budget holds them
+    if not checked["methods"]["dihal"] and not checked["methods"]["baselines"]:
+        raise DihalError(f"{source}: the suite names no method (methods.dihal and methods.baselines are empty)")
+    return checked

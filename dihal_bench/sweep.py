@@ -1,62 +1,31 @@
-"""The bridgeability sweep (DESIGN.md §4.2): one bridge per candidate layer under one fixed
+"""The bridgeability sweep (docs/method.md#bridge): one bridge per candidate layer under one fixed
 training protocol, then how well each reconstructs h_ℓ and how good its hybrid LM is, and
-how well the geometry score predicted that.
+how well the geometry score predicted that. How one bridge is trained and measured is
+``dihal_bench.bridge_training``; the rank statistics are ``dihal_bench.stats``.
 
 Bridge targets for every swept layer come from one forward pass per batch over the
-training split (``extract_layers``), not one pass per layer.
+training split (``extract_layers``), not one pass per layer, and that pass stops at the
+deepest swept layer.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from dihal_bench.backbone import Backbone
-from dihal_bench.bridge import HiddenStateBridge, training_loss
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import Corpus, pack, tokenize_documents
+from dihal_bench.bridge_training import (
+    BridgeSpec,
+    evaluate_layer,
+    packed_split,
+    train_bridge,
+    training_subset,
+    with_states,
+)
+from dihal_bench.corpus import Corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.evaluation import bridge_reconstruction, kl_to_backbone, teacher_forced_nll
-from dihal_bench.hidden import extract_layers
-from dihal_bench.hybrid import HybridLM, skip_control
-from dihal_bench.plugins import get_registry
-from dihal_bench.training import count_trainable, train
-
-
-@dataclass
-class BridgeSpec:
-    """Which bridge plugin, with which options, trained under which budget."""
-
-    name: str = "dihal-bridge"
-    options: dict = field(default_factory=dict)
-    budget: Budget = field(default_factory=Budget)
-    sample_steps: int | None = None  # None: the bridge's own default
-    sink_passthrough: bool = True
-
-    def build(self, width: int) -> HiddenStateBridge:
-        return get_registry().get("bridge", self.name).obj(width, **self.options)
-
-    def parameter_count(self, width: int) -> int:
-        return count_trainable(self.build(width))
-
-    def identity(self, width: int) -> dict:
-        """What a trained bridge depends on, for job hashes. The parameter count stands in for
-        the architecture, so that a changed bridge implementation does not reuse stale jobs."""
-        return {"bridge": self.name, "options": self.options, "budget": self.budget.to_dict(),
-                "sample_steps": self.sample_steps, "sink_passthrough": self.sink_passthrough,
-                "bridge_parameters": self.parameter_count(width)}
-
-
-def auto_layers(num_layers: int, chosen: int, count: int = 10) -> list[int]:
-    """About ``count`` candidate layers spread evenly over 1..L-1, always including ℓ*."""
-    top = num_layers - 1
-    if top <= count:
-        return list(range(1, top + 1))
-    spread = {round(1 + i * (top - 1) / (count - 1)) for i in range(count)}
-    return sorted(spread | {chosen})
+from dihal_bench.evaluation import teacher_forced_nll
+from dihal_bench.stats import rank_correlations
 
 
 def check_layers(backbone: Backbone, layers: list[int]) -> list[int]:
@@ -65,87 +34,9 @@ def check_layers(backbone: Backbone, layers: list[int]) -> list[int]:
     return sorted({backbone.check_layer(layer) for layer in layers})
 
 
-@dataclass
-class SplitTensors:
-    """Packed token sequences of one split and their hidden states at the needed layers."""
-
-    sequences: torch.Tensor
-    states: dict[int, torch.Tensor]
-
-    @property
-    def mask(self) -> torch.Tensor:
-        mask = torch.ones(self.sequences.shape, dtype=torch.bool)
-        mask[:, 0] = False  # the attention sink: computed exactly by the hybrid, never learned
-        return mask
-
-    def head(self, count: int) -> "SplitTensors":
-        return SplitTensors(self.sequences[:count], {layer: s[:count] for layer, s in self.states.items()})
-
-
-def packed_split(backbone: Backbone, corpus: Corpus, split: str, seq_len: int) -> torch.Tensor:
-    return pack(tokenize_documents(corpus.split(split), backbone.tokenizer), seq_len, split_name=split)
-
-
-def distinct_sequences(budget: Budget) -> int:
-    """How many different training sequences a budget draws (it repeats them ``epochs`` times)."""
-    return -(-budget.sequences_needed // budget.epochs)
-
-
-def training_subset(sequences: torch.Tensor, budgets: list[Budget], seed: int) -> torch.Tensor:
-    """The training sequences the budgets draw from: a seeded random subset large enough for
-    the largest of them. Every budget trains on a prefix of it, so methods share their data
-    and one hidden-state extraction serves them all."""
-    for budget in budgets:
-        budget.check_fits(len(sequences))
-    count = min(len(sequences), max(distinct_sequences(b) for b in budgets))
-    order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed))
-    return sequences[order[:count]]
-
-
-def with_states(backbone: Backbone, sequences: torch.Tensor, layers: list[int], progress: bool = True) -> SplitTensors:
-    """The sequences with their hidden states at ``layers`` and at 0 (the bridge's condition)."""
-    return SplitTensors(sequences, extract_layers(backbone, sequences, sorted({0, *layers}), progress=progress))
-
-
-def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: SplitTensors,
-                 checkpoint_dir: Path | None = None, progress: bool = True) -> tuple[HiddenStateBridge, dict]:
-    """Fit the standardiser and train one bridge for ``layer``; returns it and its training stats."""
-    mask = train_data.mask
-    cond, target = train_data.states[0], train_data.states[layer]
-    torch.manual_seed(spec.budget.seed)  # the same initial weights for every layer of a sweep
-    bridge = spec.build(backbone.width)
-    bridge.fit_standardizer(cond, target, mask)
-    result = train(bridge, training_loss, {"cond": cond, "target": target, "mask": mask}, spec.budget,
-                   checkpoint_dir=checkpoint_dir, progress=progress, desc=f"bridge ℓ={layer}")
-    return bridge, {
-        "parameters": count_trainable(bridge),
-        "steps": result.steps_done,
-        "tokens_seen": result.tokens_seen,
-        "train_seconds": result.wall_seconds,
-        "final_loss": sum(result.losses[-10:]) / len(result.losses[-10:]),
-    }
-
-
-def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, spec: BridgeSpec,
-                   valid: SplitTensors, batch_size: int = 16) -> dict:
-    """Bridgeability (standardised MSE, R²) and the hybrid's perplexity and KL on validation."""
-    recon = bridge_reconstruction(bridge, valid.states[0], valid.states[layer], valid.mask,
-                                  spec.sample_steps, batch_size)
-    hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
-    return {
-        "bridge_mse": recon["mse"],
-        "bridge_r2": recon["r2"],
-        "hybrid_ppl": teacher_forced_nll(hybrid.logits, valid.sequences, batch_size)["ppl"],
-        "kl_to_backbone": kl_to_backbone(backbone, hybrid, valid.sequences, batch_size),
-        "skip_ppl": teacher_forced_nll(skip_control(backbone, layer).logits, valid.sequences, batch_size)["ppl"],
-    }
-
-
 def layer_correlations(located: dict, rows: list[dict], seed: int) -> dict:
-    """Spearman ρ and Kendall τ (bootstrap 95% CI) of the score and each proxy against
-    −(bridge validation MSE), over the swept layers (DESIGN.md §4.4)."""
-    from dihal_builtin.metrics import rank_correlations
-
+    """Spearman ρ and Kendall τ (bootstrap 95% CI, permutation p-value) of the score and each
+    proxy against −(bridge validation MSE), over the swept layers (docs/method.md#metrics)."""
     index = {layer: i for i, layer in enumerate(located["layers"])}
     swept = [row for row in rows if row["layer"] in index]
     if len(swept) < 3:
@@ -220,7 +111,11 @@ def write_sweep_outputs(result: dict, out_dir: Path) -> list[Path]:
     import pandas as pd
 
     from dihal_bench.locate import figure_png
-    from dihal_bench.records import write_bytes_atomic, write_json_atomic, write_text_atomic
+    from dihal_bench.records import (
+        write_bytes_atomic,
+        write_json_atomic,
+        write_text_atomic,
+    )
 
     table = sweep_table(result)
     csv_text = pd.DataFrame(table).to_csv(index=False)

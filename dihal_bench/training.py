@@ -1,4 +1,4 @@
-"""The one training loop every method runs under a Budget (DESIGN.md §4.2 "fixed protocol").
+"""The one training loop every method runs under a Budget (docs/method.md#budget).
 
 AdamW on the trainable parameters, linear warm-up then cosine decay to zero, global
 gradient-norm clipping, one seeded permutation of the training sequences per epoch.
@@ -20,20 +20,25 @@ import functools
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
+from dihal_bench.records import (
+    atomic_path,
+    file_sha256,
+    json_sha256,
+    warn,
+    write_text_atomic,
+)
 
 LossFn = Callable[[nn.Module, dict[str, Tensor], torch.Generator], Tensor]
 
@@ -113,8 +118,9 @@ def train(
     step hands ``loss_fn(model, batch, generator)`` those rows for its batch (on the
     model's device) and a generator seeded for that step. If ``checkpoint_dir`` holds a
     checkpoint of this budget and model, training resumes from it; the result is bitwise
-    the same as an uninterrupted run. Each step reseeds torch's global RNG (for dropout),
-    so the caller's global RNG state does not survive the call. The model is left in eval mode.
+    the same as an uninterrupted run (a damaged checkpoint is discarded with a warning).
+    Each step reseeds torch's global RNG (for dropout), so the caller's global RNG state
+    does not survive the call. The model is left in eval mode.
     """
     n_sequences = _shared_length(data)
     budget.check_fits(n_sequences)
@@ -127,8 +133,9 @@ def train(
     losses: list[float] = []
     resumed_from = None
     if checkpoint_dir is not None and (Path(checkpoint_dir) / TRAINER_FILE).exists():
-        losses = _load_checkpoint(Path(checkpoint_dir), model, optimizer, budget)
-        resumed_from = len(losses)
+        restored = _load_checkpoint(Path(checkpoint_dir), model, optimizer, budget, desc)
+        if restored is not None:
+            losses, resumed_from = restored, len(restored)
 
     started = time.perf_counter()
     model.train()
@@ -195,17 +202,10 @@ def _budget_identity(budget: Budget) -> dict:
     return {key: value for key, value in budget.to_dict().items() if key != "checkpoint_every"}
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    write(temporary)
-    os.replace(temporary, path)
-
-
 def _save_checkpoint(
     directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget, losses: list[float]
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    step = str(len(losses))
     model_tensors = {name: t.detach().contiguous() for name, t in _saved_tensors(model).items()}
     optimizer_tensors = {
         f"state.{index}.{key}": value.detach().contiguous()
@@ -223,18 +223,30 @@ def _save_checkpoint(
 
     # trainer.json goes first and comes back last: while the tensor files are swapped, no
     # record claims a step they might not hold (a kill there costs the checkpoint, not
-    # correctness). The step stamped in each file's metadata lets a load verify the set.
+    # correctness, and no spurious warning about a damaged checkpoint follows).
     (directory / TRAINER_FILE).unlink(missing_ok=True)
+    files = {}
     for file, tensors in ((MODEL_FILE, model_tensors), (OPTIMIZER_FILE, optimizer_tensors)):
-        _write_atomic(directory / file, lambda path: save_file(tensors, path, metadata={"step": step}))
-    _write_atomic(directory / TRAINER_FILE, lambda p: p.write_text(json.dumps(record, indent=1)))
+        with atomic_path(directory / file) as temporary:
+            save_file(tensors, temporary)
+            files[file] = file_sha256(temporary)
+    record["sha256"] = {"files": files, "record": json_sha256(record)}
+    write_text_atomic(directory / TRAINER_FILE, json.dumps(record, indent=1))
 
 
 def _load_checkpoint(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget
-) -> list[float]:
-    """Load a matching checkpoint into model and optimizer; return the losses so far."""
-    record = json.loads((directory / TRAINER_FILE).read_text())
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget, desc: str
+) -> list[float] | None:
+    """Load a matching checkpoint into model and optimizer and return the losses so far; or
+    None, with a warning, when the checkpoint is damaged and training must start over.
+
+    A checkpoint of another budget or model is the user's to sort out: DihalError.
+    """
+    record, problem = _verified_record(directory)
+    if problem is not None:
+        warn(f"{desc}: discarding the checkpoint in {directory}: {problem}; training restarts from step 0")
+        (directory / TRAINER_FILE).unlink(missing_ok=True)
+        return None
     saved, wanted = _budget_identity(Budget.from_dict(record["budget"])), _budget_identity(budget)
     if saved != wanted:
         changes = ", ".join(f"{key} {saved[key]} -> {wanted[key]}" for key in wanted if saved[key] != wanted[key])
@@ -248,15 +260,6 @@ def _load_checkpoint(
         raise DihalError(
             f"checkpoint in {directory} is for a different model ({difference}); delete it or restore the model"
         )
-
-    for file in (MODEL_FILE, OPTIMIZER_FILE):
-        with safe_open(directory / file, framework="pt") as f:
-            stamped = f.metadata().get("step")
-        if stamped != str(record["step"]):
-            raise DihalError(
-                f"checkpoint in {directory} is inconsistent: trainer.json says step {record['step']}, "
-                f"{file} holds step {stamped}"
-            )
 
     targets = _saved_tensors(model)
     tensors = load_file(directory / MODEL_FILE)
@@ -272,6 +275,32 @@ def _load_checkpoint(
         state.setdefault(int(index), {})[name] = tensor
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
     return list(record["losses"])
+
+
+def _verified_record(directory: Path) -> tuple[dict | None, str | None]:
+    """(trainer.json's record, None) when it and both tensor files match the sha256 sums it
+    holds; else (None, what is wrong). The record's own sum covers its step, budget and
+    losses, so a damaged one cannot pass for a budget mismatch or resume at a wrong step."""
+    path = directory / TRAINER_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        hashes = record.pop("sha256")
+        expected_record, files = hashes["record"], hashes["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return None, f"{path} is not readable JSON ({exc})"
+    except (KeyError, TypeError, AttributeError):
+        return None, f"{path} has no integrity record (damaged, or written by an older dihal-bench)"
+    if json_sha256(record) != expected_record:
+        return None, f"{path} does not match its recorded sha256"
+    for file in (MODEL_FILE, OPTIMIZER_FILE):
+        try:
+            if file_sha256(directory / file) != files.get(file):
+                return None, f"{directory / file} does not match the sha256 recorded in {TRAINER_FILE}"
+        except OSError as exc:
+            return None, f"{directory / file} cannot be read ({exc.strerror or exc})"
+    return record, None
 
 
 def _describe_difference(saved: dict[str, list], current: dict[str, list]) -> str:

@@ -7,11 +7,14 @@ Everything is built in-process from code and fixed seeds: no download, no file o
 from __future__ import annotations
 
 import copy
+import random
 import string
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
+from dihal_builtin.hf_backbone import HFBackbone
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     Gemma3ForCausalLM,
@@ -25,12 +28,13 @@ from transformers import (
 
 from dihal_bench.errors import DihalError
 from dihal_bench.plugins import get_registry, register_plugin, unregister_plugin
-from dihal_builtin.hf_backbone import HFBackbone
 
 #: the tiny models' vocabulary; the tokenizer uses ids 0..102 of it
 TINY_VOCAB = 128
 #: Gemma3's local attention width: the tests' sequences are longer than this
 TINY_SLIDING_WINDOW = 8
+#: the vocabulary of the seeded word-salad corpora
+WORDS = "the of and a to in is was that for on are with as by at from this be or an which not".split()
 #: SmolLM2-135M's vocabulary size, which dominates what the baselines' allowance sizing counts
 SMOLLM2_VOCAB = 49_152
 
@@ -174,3 +178,13 @@ def inline_plugin():
             except DihalError:  # it still conflicts with a plugin not yet unregistered
                 pass
         get_registry(refresh=True)
+
+
+@pytest.fixture(scope="session")
+def text_dir(tmp_path_factory) -> Path:
+    """Sixty seeded word-salad documents of ~400 characters (= tokens for the char tokenizer)."""
+    directory = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for i in range(60):
+        (directory / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(100)))
+    return directory

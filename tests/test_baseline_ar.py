@@ -7,13 +7,13 @@ import copy
 
 import pytest
 import torch
+from dihal_builtin.baselines.ar_backbone import ARBackbone, register_baselines
+from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.baseline import CONFIG_FILE
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
-from dihal_builtin.baselines.ar_backbone import ARBackbone, register_baselines
-from dihal_builtin.hf_backbone import HFBackbone
 
 BUDGET = Budget(steps=10, batch_size=4, seq_len=12, param_allowance=1_000)
 
@@ -64,7 +64,7 @@ def test_save_writes_only_the_configuration_and_load_checks_it(llama_backbone, t
     assert torch.equal(restored.sample(2, 6, seed=4), model.sample(2, 6, seed=4))
     with pytest.raises(DihalError, match="not 'ar-backbone' with"):
         ARBackbone(llama_backbone, BUDGET, temperature=0.5).load(tmp_path / "ar")
-    with pytest.raises(DihalError, match="no saved configuration"):
+    with pytest.raises(DihalError, match="holds no saved baseline"):
         restored.load(tmp_path / "elsewhere")
 
 

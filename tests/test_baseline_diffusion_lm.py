@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
+from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
+from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
-from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
-from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)

@@ -8,13 +8,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from dihal_builtin.baselines.common import TokenDecoder, sampled_cross_entropy
+from dihal_builtin.baselines.ld4lg import (
+    LD4LG,
+    Compressor,
+    register_baselines,
+    x0_from_v,
+)
+from dihal_builtin.baselines.schedules import noised
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
-from dihal_builtin.baselines.common import TokenDecoder, sampled_cross_entropy
-from dihal_builtin.baselines.ld4lg import LD4LG, Compressor, register_baselines, x0_from_v
-from dihal_builtin.baselines.schedules import noised
 
 SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
 TINY = dict(d_model=32, heads=2, latents=2, latent_dim=8, compressor_layers=1, decoder_layers=1, denoiser_layers=2,

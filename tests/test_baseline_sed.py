@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from dihal_builtin.baselines.common import pca_embeddings
+from dihal_builtin.baselines.schedules import cosine_alpha_bar
+from dihal_builtin.baselines.sed import SED, register_baselines
 
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
-from dihal_builtin.baselines.common import pca_embeddings
-from dihal_builtin.baselines.schedules import cosine_alpha_bar
-from dihal_builtin.baselines.sed import SED, register_baselines
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)

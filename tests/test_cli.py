@@ -6,11 +6,11 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
+from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench import __version__, hookimpl
 from dihal_bench.cli import cli
 from dihal_bench.corpus import SPLITS
-from dihal_builtin.hf_backbone import HFBackbone
 
 BUILTINS = {("backbone", "smollm2-135m"), ("backbone", "gemma3-270m"), ("backbone", "hf"), ("corpus", "stdlib-docs")}
 
@@ -110,7 +110,7 @@ def test_debug_shows_the_traceback():
 
 def test_unknown_dtype_is_one_line_exit_2(tiny_model_dir):
     result = invoke("check", "backbone", tiny_model_dir, "--dtype", "float64")
-    assert_one_line_error(result, 2, "Error: unknown dtype 'float64'; choose one of float32, float16, bfloat16")
+    assert_one_line_error(result, 2, "Error: Invalid value for '--dtype': 'float64' is not one of 'float32'")
 
 
 # --- check backbone --------------------------------------------------------------------------
@@ -200,3 +200,14 @@ def test_check_corpus_with_the_default_smollm2_tokenizer(corpus_dir):
             # a subword tokenizer: fewer tokens than characters, but more than one per document
             assert row["documents"] < row["tokens"] < row["characters"]
             assert row["sequences"] >= row["documents"]  # every document has at least 4 tokens
+
+
+def test_a_users_run_and_tables_never_default_to_the_committed_folders():
+    """`results/` and `leaderboards/` hold the committed diagnostic record and its tables: a user's
+    run must not be averaged into them unless the user names those folders (the publish step)."""
+    from dihal_bench.cli import leaderboard, run
+
+    defaults = {(command.name, p.name): p.default for command in (run, leaderboard) for p in command.params}
+    assert defaults["run", "results_dir"] == "runs/results" and defaults["run", "out_root"] == "runs"
+    assert defaults["leaderboard", "results_dir"] == "runs/results"
+    assert defaults["leaderboard", "out_dir"] == "runs/leaderboards"

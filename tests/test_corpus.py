@@ -7,18 +7,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
-
-import dihal_bench.corpus as corpus_module
-from dihal_bench.corpus import Corpus, Document, load_corpus, pack, split_of, split_stats, tokenize_documents
-from dihal_bench.errors import DihalError
 from dihal_builtin.corpora import (
     FilesCorpus,
     HFDatasetCorpus,
     StdlibDocsCorpus,
+    handles_files,
+    handles_hf_dataset,
+    hf_dataset,
     register_corpora,
 )
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+import dihal_bench.corpus as corpus_module
+from dihal_bench.corpus import (
+    Corpus,
+    Document,
+    load_corpus,
+    pack,
+    split_of,
+    split_stats,
+    tokenize_documents,
+)
+from dihal_bench.errors import DihalError
 
 
 class ListCorpus(Corpus):
@@ -260,10 +271,22 @@ def test_load_corpus_maps_each_accepted_form(tmp_path):
     hub = load_corpus("hf:allenai/dolma:v1_7", max_documents=10)
     assert (hub.path, hub.config, hub.max_documents, hub.name) == ("allenai/dolma", "v1_7", 10, "hf:allenai/dolma:v1_7")
     assert load_corpus("hf:wikitext").config is None
+    assert load_corpus("hf:data.jsonl").path == "data.jsonl"  # a scheme prefix keeps `files` out of it
     with pytest.raises(DihalError, match="does not exist"):
         load_corpus(str(tmp_path / "missing.jsonl"))
-    with pytest.raises(DihalError, match=r"unknown corpus 'wikipedia'; known: .*hf:<dataset>\[:<config>\]"):
-        load_corpus("wikipedia")
+    for unknown in ("wikipedia", "hf:", "hf::config"):  # the last two name no dataset
+        with pytest.raises(DihalError, match=rf"^unknown corpus '{unknown}'; known: files, hf-dataset, stdlib-docs; "
+                                             r"or a reference handled by .*hf:<dataset>\[:<config>\]"):
+            load_corpus(unknown)
+
+
+def test_builtin_corpus_handlers():
+    assert handles_files("notes/a.txt") and handles_files("C:/data/a.parquet")  # a drive letter is no scheme
+    assert not handles_files("s3:bucket/a.txt") and not handles_files("stdlib-docs")
+    assert handles_hf_dataset("hf:wikitext") and handles_hf_dataset("hf:wikitext:wikitext-2-raw-v1")
+    assert not handles_hf_dataset("hf:") and not handles_hf_dataset("wikitext")
+    with pytest.raises(DihalError, match=r"^corpus 'wikitext' is not of the form 'hf:<dataset>\[:<config>\]'$"):
+        hf_dataset("wikitext")
 
 
 def test_register_corpora_registers_the_three_factories():
@@ -272,6 +295,9 @@ def test_register_corpora_registers_the_three_factories():
     assert {name: factory for name, (factory, _) in registered.items()} == {
         "stdlib-docs": StdlibDocsCorpus,
         "files": FilesCorpus,
-        "hf-dataset": HFDatasetCorpus,
+        "hf-dataset": hf_dataset,
     }
     assert all(meta["description"] for _, meta in registered.values())
+    assert {name: meta.get("handles") for name, (_, meta) in registered.items()} == {
+        "stdlib-docs": None, "files": handles_files, "hf-dataset": handles_hf_dataset,
+    }

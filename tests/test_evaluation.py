@@ -9,15 +9,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from dihal_builtin.bridge import DihalBridge
+from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.bridge import HiddenStateBridge, training_loss
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.evaluation import bridge_reconstruction, kl_to_backbone, teacher_forced_nll
+from dihal_bench.evaluation import (
+    bridge_reconstruction,
+    kl_to_backbone,
+    teacher_forced_nll,
+)
 from dihal_bench.hybrid import HybridLM, OracleBridge, skip_control
 from dihal_bench.training import train
-from dihal_builtin.bridge import DihalBridge
-from dihal_builtin.hf_backbone import HFBackbone
 
 FAMILIES = ("llama", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)

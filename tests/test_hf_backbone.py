@@ -4,17 +4,18 @@ at any index must reproduce the library's own forward pass."""
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from dihal_builtin.hf_backbone import HFBackbone, resolve_dtype
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from dihal_bench.backbone import load_backbone
 from dihal_bench.conformance import check_backbone
 from dihal_bench.errors import DihalError
-from dihal_builtin.hf_backbone import HFBackbone, resolve_dtype
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)
@@ -82,6 +83,46 @@ def test_padded_row_equals_the_sequence_alone(backbone):
         torch.testing.assert_close(b[1, :short], a[0], atol=ATOL, rtol=0, msg=f"hidden state {layer}")
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_truncated_hidden_states_are_the_full_ones(backbone, side):
+    """``up_to=l`` runs the very same operations on the same inputs as the first l layers of
+    the full pass (same batch, masks and rotary tables), so on one machine the result is
+    bitwise equal, not merely close. Gemma3's prefixes cover a sliding-only stack (l ≤ 2)
+    and a mixed one (l ≥ 3)."""
+    ids, mask = padded_batch(side=side)
+    full = backbone.hidden_states(ids, mask)
+    for depth in range(backbone.num_layers + 1):
+        truncated = backbone.hidden_states(ids, mask, up_to=depth)
+        assert len(truncated) == depth + 1
+        for layer, (got, expected) in enumerate(zip(truncated, full)):
+            assert torch.equal(got, expected), f"up_to={depth}, hidden state {layer}"
+    assert len(backbone.hidden_states(ids, mask, up_to=None)) == backbone.num_layers + 1
+
+
+def test_truncated_hidden_states_run_only_the_layers_below(backbone):
+    """The cost claim: ``up_to=l`` calls decoder layers 1..l and no other."""
+    calls = []
+    hooks = [layer.register_forward_hook(lambda module, args, out, i=i: calls.append(i))
+             for i, layer in enumerate(backbone.base.layers)]
+    try:
+        ids, _ = padded_batch()
+        for depth in range(backbone.num_layers + 1):
+            calls.clear()
+            backbone.hidden_states(ids, up_to=depth)
+            assert calls == list(range(depth)), f"up_to={depth}"
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@pytest.mark.parametrize("up_to", [-1, 5, True, 2.0, "2"])
+def test_truncated_hidden_states_out_of_range_is_a_clear_error(tiny_models, char_tokenizer, up_to):
+    backbone = HFBackbone(tiny_models["qwen3"], char_tokenizer, "tiny-qwen3")
+    expected = re.escape(f"up_to={up_to!r} is out of range for tiny-qwen3: choose 0..4 (4 layers)")
+    with pytest.raises(DihalError, match=f"^{expected}$"):
+        backbone.hidden_states(torch.tensor([[5, 6, 7]]), up_to=up_to)
+
+
 def test_sliding_window_is_active_in_these_sequences(tiny_models, char_tokenizer):
     """The Gemma3 checks above only test local attention if the window actually cuts
     context: the same weights with an unbounded window agree inside the window only."""
@@ -131,6 +172,21 @@ def test_conformance_check_passes(backbone):
     assert len(report["max_abs_diff"]) == backbone.num_layers + 1
     assert report["worst_relative"] <= 1e-5
     assert report["probe_tokens"] > 2 * WINDOW
+    assert len(report["truncated_relative_diff"]) == backbone.num_layers + 1
+    assert max(report["truncated_relative_diff"]) == 0.0  # the same operations on the same inputs
+
+
+def test_conformance_check_fails_a_backbone_whose_truncated_pass_differs(backbone, monkeypatch):
+    honest = backbone.hidden_states
+
+    def drifting(input_ids, attention_mask=None, *, up_to=None):
+        states = honest(input_ids, attention_mask, up_to=up_to)
+        return states if up_to is None else [*states[:-1], states[-1] * 1.01]
+
+    monkeypatch.setattr(backbone, "hidden_states", drifting)
+    report = check_backbone(backbone)
+    assert not report["passed"] and report["worst_relative"] <= 1e-5
+    assert max(report["truncated_relative_diff"]) == pytest.approx(0.01, rel=1e-3)
 
 
 def test_bfloat16_model_gives_bfloat16_logits_close_to_float32(tiny_models, char_tokenizer):

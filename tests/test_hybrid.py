@@ -1,18 +1,25 @@
 """The hybrid LM on tiny random-weight Llama, Qwen3 and Gemma3 backbones: the oracle bridge
-reproduces the backbone, position 0 is exact, cached decoding equals recomputing the whole
-prefix (beyond the sliding window too), and the intact control equals transformers' greedy generate."""
+reproduces the backbone, position 0 is exact, cached decoding (upper layers' and bridge's
+caches) equals recomputing the whole prefix (beyond the sliding window too), and the intact
+control equals transformers' greedy generate."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from dihal_builtin.bridge import DihalBridge
+from dihal_builtin.hf_backbone import HFBackbone
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import HybridLM, OracleBridge, intact_control, sample_next_token, skip_control
-from dihal_builtin.bridge import DihalBridge
-from dihal_builtin.hf_backbone import HFBackbone
+from dihal_bench.hybrid import (
+    HybridLM,
+    OracleBridge,
+    intact_control,
+    sample_next_token,
+    skip_control,
+)
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)
@@ -31,10 +38,14 @@ def random_ids(n: int, length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (n, length), generator=torch.Generator().manual_seed(seed))
 
 
-def fitted_bridge(backbone: HFBackbone, layer: int) -> DihalBridge:
-    """An untrained tiny DiHAL bridge whose standardiser matches the backbone's h_0 and h_ℓ."""
+def fitted_bridge(backbone: HFBackbone, layer: int, *, layers: int = 1, steps: int = 2, linear_path: bool = False,
+                  bridge_class: type[DihalBridge] = DihalBridge) -> DihalBridge:
+    """An untrained tiny DiHAL bridge whose standardiser matches the backbone's h_0 and h_ℓ;
+    ``linear_path`` gives the linear condition path (zero at initialisation) random weights."""
     torch.manual_seed(1)
-    bridge = DihalBridge(backbone.width, d_model=32, layers=1, heads=2, steps=2)
+    bridge = bridge_class(backbone.width, d_model=32, layers=layers, heads=2, steps=steps)
+    if linear_path:
+        torch.nn.init.normal_(bridge.cond_skip.weight, std=0.2)
     ids = random_ids(8, 12, seed=1)
     states = backbone.hidden_states(ids)
     mask = torch.ones(ids.shape, dtype=torch.bool)
@@ -113,6 +124,102 @@ def test_cached_generation_equals_uncached(backbone, temperature, top_p, sink_pa
         assert cached.shape == (3, 3 * WINDOW) and cached.dtype == torch.long
         assert torch.equal(cached, uncached)
         assert len(cached.unique()) > 3  # real variation, not a repeated token
+
+
+# Cached and uncached decoding run the same float32 operations on the same numbers; they
+# differ only in how the work is batched (one new position against the whole prefix), which
+# changes the summation order inside matrix products and attention. Each such sum (length
+# ≤ 128 here) is exact to a relative few × 1e-6 in the worst case (length × 2^-24), and
+# the logits come out of ~10² of them in sequence (K ≤ 8 denoiser passes of a 2-block
+# transformer, then the upper layers) with O(1) gains: worst case ~1e-4 relative on logits
+# of size ≤ 10, so 1e-3 absolute. A misplaced position, mask or condition moves them by O(1).
+LOGITS_ATOL = 1e-3
+
+
+@pytest.mark.parametrize("steps", [1, 8], ids=["K1", "K8"])
+@pytest.mark.parametrize("batch", [1, 16], ids=["batch1", "batch16"])
+@pytest.mark.parametrize("prompted", [False, True], ids=["no-prompt", "prompt"])
+def test_cached_decode_equals_uncached_decode(backbone, steps, batch, prompted):
+    """Step by step in logits, and token for token in generate, beyond Gemma3's window."""
+    # two blocks: every block's cache in use; the linear path: a path that sees positions too
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2, layers=2, steps=steps, linear_path=True), 2)
+    start = backbone.tokenizer.eos_token_id  # generate's start token: the character tokenizer has no BOS
+    context = random_ids(batch, 2 * WINDOW - 1, seed=5) if prompted else torch.full((batch, 1), start)
+    cached, uncached = hybrid.decoder(), hybrid.decoder(use_cache=False)
+    generator = torch.Generator().manual_seed(2)
+    new = context
+    for _ in range(3 * WINDOW):
+        reference = uncached.append(new)
+        assert reference.shape == (batch, new.shape[1], VOCAB)
+        torch.testing.assert_close(cached.append(new), reference, atol=LOGITS_ATOL, rtol=0)
+        new = sample_next_token(reference[:, -1], 1.0, 1.0, generator)[:, None]
+    assert cached.length == uncached.length == context.shape[1] + 3 * WINDOW - 1
+
+    options = dict(prompt_ids=context if prompted else None, seed=3, batch_size=batch)
+    tokens = hybrid.generate(batch, 3 * WINDOW, **options)
+    assert torch.equal(tokens, hybrid.generate(batch, 3 * WINDOW, use_cache=False, **options))
+    assert len(tokens.unique()) > 3
+
+
+class SpiedBridge(DihalBridge):
+    """Records the number of positions of every whole-sequence and incremental sampling call."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sampled, self.stepped = [], []
+
+    def sample(self, cond, *args, **kwargs):
+        self.sampled.append(cond.shape[1])
+        return super().sample(cond, *args, **kwargs)
+
+    def sample_step(self, cond_new, cache):
+        self.stepped.append(cond_new.shape[1])
+        return super().sample_step(cond_new, cache)
+
+
+class WholeSequenceBridge(SpiedBridge):
+    """A bridge with no sample cache, as a third-party bridge that only implements ``sample``."""
+
+    def new_sample_cache(self, steps=None):
+        return None
+
+
+def test_cached_decode_runs_the_bridge_on_new_positions_only(backbone):
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2, bridge_class=SpiedBridge), 2)
+    hybrid.generate(2, 6, prompt_ids=random_ids(2, 4))
+    assert hybrid.bridge.sampled == [] and hybrid.bridge.stepped == [4, 1, 1, 1, 1, 1]
+
+
+def test_bridge_without_sample_cache_is_resampled_over_the_prefix(backbone):
+    """The fallback for such bridges: the same tokens as the uncached decode, the upper
+    layers still cached (so only the bridge sees the whole prefix)."""
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2, bridge_class=WholeSequenceBridge), 2)
+    options = dict(prompt_ids=random_ids(2, 4), seed=3)
+    cached = hybrid.generate(2, 6, **options)
+    assert hybrid.bridge.stepped == [] and hybrid.bridge.sampled == [4, 5, 6, 7, 8, 9]
+    assert torch.equal(cached, hybrid.generate(2, 6, use_cache=False, **options))
+
+
+def test_sink_state_runs_only_the_replaced_layers(backbone, monkeypatch):
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2)
+    depths = []
+    hidden_states = backbone.hidden_states
+
+    def spy(input_ids, attention_mask=None, *, up_to=None):
+        depths.append(up_to)
+        return hidden_states(input_ids, attention_mask, up_to=up_to)
+
+    monkeypatch.setattr(backbone, "hidden_states", spy)
+    hybrid.generate(2, 4)
+    assert depths == [2]  # once, at the first position, layers 1..2 only
+
+
+def test_decoder_refuses_malformed_input(backbone):
+    decoder = HybridLM(backbone, fitted_bridge(backbone, 1), 1).decoder()
+    decoder.append(random_ids(2, 3))
+    for ids in (random_ids(3, 1), random_ids(2, 0), random_ids(2, 1)[0]):
+        with pytest.raises(DihalError, match="append takes token ids of shape"):
+            decoder.append(ids)
 
 
 def test_intact_control_matches_transformers_greedy_generate(backbone):

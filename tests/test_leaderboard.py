@@ -1,34 +1,53 @@
 """Leaderboards from hand-built run records: pooled mean ± std against numpy, grouping,
-bad records skipped with a warning, self-contained HTML, and all-or-nothing output."""
+foreign files skipped with a warning and damaged records refused, self-contained HTML,
+names from records rendered inertly in every format, and all-or-nothing output."""
 
 from __future__ import annotations
 
 import base64
+import html
 import json
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from dihal_bench import leaderboard
 from dihal_bench.errors import DihalError
-from dihal_bench.leaderboard import build_leaderboards, format_cell, format_mean_std, pareto_front
-from dihal_bench.records import RECORD_FORMAT
+from dihal_bench.leaderboard import build_leaderboards, render
+from dihal_bench.leaderboard.aggregate import pareto_front
+from dihal_bench.leaderboard.page import SORT_SCRIPT
+from dihal_bench.leaderboard.render import format_cell, format_mean_std
+from dihal_bench.records import RECORD_FORMAT, RECORD_FORMAT_V1
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 
 
+def metric(display_name: str, higher_is_better: bool | None, description: str = "", source: str = "x 1.0") -> dict:
+    """One entry of a record's ``metrics`` mapping."""
+    return {"higher_is_better": higher_is_better, "display_name": display_name, "description": description,
+            "source": source}
+
+
+#: The records' metrics mapping: the built-in metrics, in the order the runner lists them.
+METRICS = {"gen_ppl": metric("Gen.PPL", False, "corpus-level perplexity"),
+           "gen_ppl_sample_mean": metric("Gen.PPL (mean)", False), "entropy": metric("Entropy", True),
+           "diversity": metric("Diversity", True), "mauve": metric("MAUVE", True)}
+
+
 def seed_entry(seed: int, gen_ppl: float, chosen: int, bridge_mse: dict[int, float], spearman: float) -> dict:
-    """One seed of a run record, minimal but shaped like the runner's: locate over layers
-    1..4 with one proxy, a sweep over layers 1..3, DiHAL at ℓ* and the backbone."""
+    """One seed of a run record, minimal but shaped like the runner's (and valid under the v2
+    schema): locate over layers 1..4 with one proxy, a sweep over layers 1..3, DiHAL at ℓ* and
+    the backbone."""
     layers = [1, 2, 3, 4]
     correlation = {"spearman": spearman, "spearman_low": spearman - 0.2, "spearman_high": min(1.0, spearman + 0.1),
                    "kendall": spearman / 2, "kendall_low": -0.1, "kendall_high": 0.9, "n": 3}
     return {
         "seed": seed,
+        "units": [],
         "locate": {
             "layers": layers,
             "score": [0.1 * layer + seed for layer in layers],
@@ -36,23 +55,27 @@ def seed_entry(seed: int, gen_ppl: float, chosen: int, bridge_mse: dict[int, flo
             "proxies": {"curvature": {"values": [layer * 10.0 + seed for layer in layers],
                                       "z": [layer - 2.5 for layer in layers], "higher_is_better": True,
                                       "params": {}, "weight": 1.0}},
+            "preprocessing": "trace",
         },
         "sweep": {
             "layers": [{"layer": layer, "bridge_mse": mse, "bridge_r2": 1 - mse, "hybrid_ppl": 100 * mse,
                         "kl_to_backbone": mse / 2, "skip_ppl": 1e4} for layer, mse in bridge_mse.items()],
+            "budget": {},
             "correlations": {"score": correlation, "curvature": correlation},
         },
         "roles": {"chosen": chosen, "worst": 4, "oracle": 1},
+        "budget": {},
         "methods": {
             "dihal-chosen": {
                 "kind": "dihal", "in_budget": True, "layer": chosen, "parameters": {"bridge": 1000},
-                "train": {"steps": 6, "tokens_seen": 768},
+                "train": {"steps": 6, "tokens_seen": 768}, "samples": {"path": "s.jsonl", "count": 4},
                 "metrics": {"gen_ppl": gen_ppl, "gen_ppl_sample_mean": gen_ppl + 1, "entropy": 2.5,
-                            "diversity": 0.5 + seed / 10, "mauve": None, "n": 4, "warning": "too few"},
+                            "diversity": 0.5 + seed / 10, "mauve": None, "mauve_n": 4, "mauve_warning": "too few"},
                 "latency": {"batch1_ms_per_token": 40.0, "batch1_ratio_to_backbone": 2.0},
             },
             "ar-backbone": {
                 "kind": "baseline", "in_budget": False, "parameters": {}, "train": {"steps": 0, "tokens_seen": 0},
+                "samples": {"path": "s.jsonl", "count": 4},
                 "metrics": {"gen_ppl": 50.0, "gen_ppl_sample_mean": 60.0, "entropy": 2.6, "diversity": 0.9},
                 "latency": {"batch1_ms_per_token": 20.0, "batch1_ratio_to_backbone": 1.0},
             },
@@ -60,11 +83,17 @@ def seed_entry(seed: int, gen_ppl: float, chosen: int, bridge_mse: dict[int, flo
     }
 
 
-def write_record(folder: Path, name: str, seeds: list[dict], *, evaluator: str = "tiny") -> Path:
-    record = {"format": RECORD_FORMAT, "suite": "diag", "backbone": "tiny", "corpus": "toy",
-              "evaluator": evaluator, "seeds": [s["seed"] for s in seeds], "per_seed": seeds}
+def record(seeds: list[dict], *, evaluator: str = "tiny", metrics: dict | None = None, **names) -> dict:
+    """A v2 run record of ``seeds``."""
+    return {"format": RECORD_FORMAT, "suite": "diag", "backbone": "tiny", "corpus": "toy", "evaluator": evaluator,
+            "seeds": [s["seed"] for s in seeds], "config": {}, "created": "2026-12-01T00:00:00Z", "environment": {},
+            "timings": {}, "jobs": "runs/jobs", "metrics": METRICS if metrics is None else metrics,
+            "per_seed": seeds, **names}
+
+
+def write_record(folder: Path, name: str, seeds: list[dict], **options) -> Path:
     path = folder / name
-    path.write_text(json.dumps(record))
+    path.write_text(json.dumps(record(seeds, **options)))
     return path
 
 
@@ -140,17 +169,64 @@ def test_groups_keep_evaluators_apart(tmp_path):
     assert not (out / "index.md").exists()  # index.md comes with the md format
 
 
-def test_bad_records_are_skipped_with_a_warning_naming_each(results, tmp_path):
-    (results / "corrupt.json").write_text('{"format": "dihal-bench/run-record/v1", "suite": ')
+def test_foreign_json_is_skipped_with_a_warning_naming_it(results, tmp_path):
     (results / "foreign.json").write_text(json.dumps({"format": "someone-else/v2", "rows": []}))
-    (results / "hollow.json").write_text(json.dumps({"format": RECORD_FORMAT, "suite": "diag"}))
+    (results / "unlabelled.json").write_text(json.dumps({"rows": []}))
     out = tmp_path / "out"
     _, warnings = build(results, out, formats=("md",))
-    assert len(warnings) == 3
-    for name, why in (("corrupt.json", "not readable JSON"), ("foreign.json", "not a dihal-bench run record"),
-                      ("hollow.json", "malformed run record")):
-        assert any(str(results / name) in warning and why in warning for warning in warnings), name
+    assert len(warnings) == 2
+    for name in ("foreign.json", "unlabelled.json"):
+        assert any(str(results / name) in w and "not a dihal-bench run record" in w for w in warnings), name
     assert (out / GROUP / "methods.md").read_text().startswith("Built from 2 run records (3 seeds): a.json")
+
+
+def damaged(change: Callable[[dict], object]) -> str:
+    """A valid one-seed record as JSON text after ``change(record)`` edited it in place."""
+    whole = record([seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    change(whole)
+    return json.dumps(whole)
+
+
+def take_proxy_named_layer(record: dict) -> None:
+    proxies = record["per_seed"][0]["locate"]["proxies"]
+    proxies["layer"] = proxies["curvature"]
+
+
+def add_metric_named_steps(record: dict) -> None:
+    record["metrics"] = {**record["metrics"], "steps": metric("Steps", True)}
+
+
+DAMAGED = {  # file name -> (content, what the error says)
+    "truncated.json": (damaged(lambda r: None)[:300], "is not readable JSON"),
+    "latin1.json": (b'{"suite": "caf\xe9"}', "is not readable JSON"),
+    "list.json": ("[]", "is not a JSON object but a JSON list"),
+    "null.json": ("null", "is not a JSON object but a JSON NoneType"),
+    "hollow.json": (json.dumps({"format": RECORD_FORMAT, "suite": "diag"}), "'backbone' is a required property"),
+    "no-seeds.json": (damaged(lambda r: r.update(per_seed=[])), "per_seed: [] should be non-empty"),
+    "nameless.json": (damaged(lambda r: r.update(suite="")), "'suite' must be a non-empty string"),
+    "text-seed.json": (damaged(lambda r: r["per_seed"][0].update(seed="0")), "seed: '0' is not of type 'integer'"),
+    "text-layer.json": (damaged(lambda r: r["per_seed"][0]["methods"]["dihal-chosen"].update(layer="two")),
+                        "layer: 'two' is not of type 'integer'"),
+    "methods-list.json": (damaged(lambda r: r["per_seed"][0].update(methods=[])), "methods: [] is not of type"),
+    "proxy-named-layer.json": (damaged(take_proxy_named_layer), "proxy name 'layer' is taken"),
+    "metric-named-steps.json": (damaged(add_metric_named_steps), "metric name 'steps' is taken"),
+    "surrogate.json": (damaged(lambda r: r.update(corpus="\ud800")), "not valid Unicode"),
+    # a format this version cannot read is ours all the same: an error, not a skipped file
+    "future.json": (damaged(lambda r: r.update(format="dihal-bench/run-record/v9")), "'dihal-bench/run-record/v9'"),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+def test_a_damaged_record_is_an_error_naming_it_and_nothing_is_written(results, tmp_path, name):
+    content, why = DAMAGED[name]
+    (results / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "out"
+    with pytest.raises(DihalError) as raised:
+        build(results, out)
+    message = str(raised.value)
+    assert str(results / name) in message and why in message
+    assert "\n" not in message  # the CLI's one Error: line
+    assert not out.exists()
 
 
 def test_no_records_is_an_error(tmp_path):
@@ -158,10 +234,16 @@ def test_no_records_is_an_error(tmp_path):
     empty.mkdir()
     with pytest.raises(DihalError, match=f"no run records in {re.escape(str(empty))}"):
         build(empty, tmp_path / "out")
-    (empty / "foreign.json").write_text("[]")
+    (empty / "foreign.json").write_text(json.dumps({"format": "someone-else/v2"}))
     with pytest.raises(DihalError, match="no run records in"):
         build(empty, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def without_sort_script(page: str) -> str:
+    """The page less its one script, the sort script, which must be there exactly once."""
+    assert page.count("<script") == 1 and f"<script>{SORT_SCRIPT}</script>" in page
+    return page.replace(f"<script>{SORT_SCRIPT}</script>", "")
 
 
 def test_html_page_is_self_contained(results, tmp_path):
@@ -169,18 +251,20 @@ def test_html_page_is_self_contained(results, tmp_path):
     build(results, out, formats=("html",))
     page = (out / "leaderboard.html").read_text()
     images = re.findall(r'<img src="([^"]*)"', page)
-    assert len(images) == 3  # proxies vs layer, score vs bridge MSE, Gen.PPL vs diversity
+    assert len(images) == 3  # proxies vs layer, score vs bridge MSE, Gen.PPL vs entropy
     for source in images:
         assert source.startswith("data:image/png;base64,")
         assert base64.b64decode(source.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
     for external in ("http://", "https://", "<link", "<script", "src=\"/", "@import"):
-        assert external not in page
-    assert "Built from 2 run records (3 seeds)" in page and "13.0 ± 3.6 (n=3 seeds)" in page
+        assert external not in without_sort_script(page)
+    # the n is said once for the table, and no line breaks inside a value
+    assert "Built from 2 run records (3 seeds)" in page and ">13.0&nbsp;±&nbsp;3.6<" in page
     table_page = (out / GROUP / "methods.html").read_text()
     assert table_page.split("<body>\n", 1)[1].startswith("<p>Built from 2 run records (3 seeds): a.json")
+    assert "13.0 ± 3.6 (n=3 seeds)" in table_page  # a table file's cells each say their n
     assert sorted(p.name for p in (out / GROUP).iterdir()) == [
-        "gen_ppl_vs_diversity.png", "layers.html", "methods.html", "proxies.html", "proxies_vs_layer.png",
-        "score_vs_bridge_mse.png"]
+        "layers.html", "methods.html", "methods_tradeoff.png", "metrics.html", "proxies.html",
+        "proxies_vs_layer.png", "score_vs_bridge_mse.png"]
 
 
 def test_csv_columns_are_numeric(results, tmp_path):
@@ -207,7 +291,7 @@ def test_nothing_is_written_when_rendering_fails(results, tmp_path, monkeypatch)
     def broken(table, group):
         raise RuntimeError("renderer broke")
 
-    monkeypatch.setitem(leaderboard.TABLE_RENDERERS, "html", broken)
+    monkeypatch.setitem(render.TABLE_RENDERERS, "html", broken)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="renderer broke"):
         build(results, out)
@@ -228,6 +312,111 @@ def test_lm_eval_results_become_method_columns(tmp_path):
     assert "wikitext bits_per_byte" in (out / GROUP / "methods.md").read_text()
 
 
+# --- metric columns come from the records' metrics mapping --------------------------------------
+
+
+def third_party_record(results: Path, name: str = "mine.json", **my_metric) -> None:
+    """A record whose runs had the (inline, now uninstalled) plugin metric ``my_metric``,
+    lower is better, and ``undirected``, which has no better direction."""
+    entries = [seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in (0, 1)]
+    for entry, value in zip(entries, (3.0, 5.0)):
+        for method in entry["methods"].values():
+            method["metrics"] |= {"my_metric": value, "my_metric_n": 7, "undirected": 1.5}
+    declared = {"higher_is_better": False, "display_name": "My metric", "description": "how mine it is",
+                "source": "my-plugin 1.0"} | my_metric
+    metrics = {**METRICS, "my_metric": declared, "undirected": metric("Undirected", None)}
+    write_record(results, name, entries, metrics=metrics)
+
+
+def test_a_third_party_metric_gets_its_column_and_arrow_in_every_format(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    third_party_record(results)
+    out = tmp_path / "out"
+    build(results, out, formats=("md", "csv", "html"))
+
+    markdown = (out / GROUP / "methods.md").read_text()
+    header = next(line for line in markdown.splitlines() if line.startswith("| Method"))
+    assert "| My metric ↓ |" in re.sub(r" +", " ", header) and "| Undirected |" in re.sub(r" +", " ", header)
+    assert header.index("MAUVE ↑") < header.index("My metric ↓") < header.index("Undirected")  # the mapping's order
+    assert "| My metric samples |" in re.sub(r" +", " ", header)  # from my_metric_n
+
+    methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
+    assert methods.loc["ar-backbone", "my_metric_mean"] == 4.0 and methods.loc["ar-backbone", "my_metric_n"] == 2
+    assert methods.loc["ar-backbone", "my_metric_std"] == pytest.approx(math.sqrt(2))
+    described = pd.read_csv(out / GROUP / "metrics.csv", keep_default_na=False).set_index("metric")
+    assert described.loc["my_metric", ["higher_is_better", "arrow", "source"]].tolist() == ["False", "↓", "my-plugin 1.0"]
+    assert described.loc["undirected", ["higher_is_better", "arrow"]].tolist() == ["", ""]
+    assert "| My metric | my_metric | ↓ lower | how mine it is |" in re.sub(r" +", " ", (out / GROUP / "metrics.md").read_text())
+
+    assert '<th scope="col" title="how mine it is">My metric ↓</th>' in (out / GROUP / "methods.html").read_text()
+    page = (out / "leaderboard.html").read_text()
+    ranked, rest = page.split("<h3>Methods</h3>", 1)[1].split("<details>", 1)
+    assert "My metric ↓</th>" in ranked and "Undirected</th>" not in ranked  # no direction: one click away
+    assert "Undirected</th>" in rest.split("</details>", 1)[0]
+
+
+def test_records_that_disagree_on_a_direction_get_no_arrow(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    third_party_record(results, "a.json")
+    third_party_record(results, "b.json", higher_is_better=True)
+    out = tmp_path / "out"
+    build(results, out, formats=("md",))
+    markdown = re.sub(r" +", " ", (out / GROUP / "methods.md").read_text())
+    assert "| My metric |" in markdown and "My metric ↓" not in markdown and "My metric ↑" not in markdown
+    assert "The records disagree on whether a higher my_metric is better (b.json says True)" in markdown
+
+
+def test_a_v1_record_takes_its_metric_columns_from_the_registry(results, tmp_path):
+    v1 = record([seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    del v1["metrics"]
+    (results / "c.json").write_text(json.dumps({**v1, "format": RECORD_FORMAT_V1}))
+    out = tmp_path / "out"
+    build(results, out, formats=("csv",))
+    described = pd.read_csv(out / GROUP / "metrics.csv").set_index("metric")
+    assert described.loc["gen_ppl", "arrow"] == "↓" and described.loc["entropy", "arrow"] == "↑"
+    methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
+    assert methods.loc["dihal-chosen", "gen_ppl_n"] == 4  # pooled with the three v2 seeds
+
+
+# --- the single page ------------------------------------------------------------------------------
+
+
+def test_the_page_states_n_once_per_table(results, tmp_path):
+    entry = seed_entry(3, 20.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+    entry["methods"]["ar-backbone"]["metrics"]["entropy"] = None  # so its entropy cell has n=3 of 4
+    write_record(results, "c.json", [entry])
+    out = tmp_path / "out"
+    build(results, out, formats=("html",))
+    page = (out / "leaderboard.html").read_text()
+    stated = "Each cell: mean ± sample std (ddof=1) over n = 4 seeds"
+    assert page.count(stated) == 3  # methods, proxies, layers
+    assert "(n=4 seeds)" not in page
+    ranked = page.split("<h3>Methods</h3>", 1)[1].split("</table>", 1)[0]
+    cells = [html.unescape(cell).replace("\xa0", " ") for cell in re.findall(r"<td[^>]*>([^<]*)</td>", ranked)]
+    assert "2.600 ± 0 (n=3 seeds)" in cells  # the one cell over fewer seeds says so
+    ppl = [p for p, *_ in POOLED] + [20.0]
+    assert format_mean_std(np.mean(ppl), np.std(ppl, ddof=1)) in cells  # "14.8 ± 4.6": no n where all 4 have it
+
+
+def test_the_page_shows_a_few_escaped_samples_per_method(results, tmp_path):
+    entry = seed_entry(3, 20.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+    entry["methods"]["dihal-chosen"]["samples"]["examples"] = [
+        "<b>bold</b> & \"quoted\"\nsecond line", "", *(f"sample {i}" for i in range(2, 9))]
+    write_record(results, "c.json", [entry])
+    out = tmp_path / "out"
+    build(results, out, formats=("html",))
+    page = (out / "leaderboard.html").read_text()
+    samples = page.split("<h3>Samples</h3>", 1)[1].split("<h3>", 1)[0]
+    assert "<summary><span class=\"method\">DiHAL (ℓ*∈{2, 3})</span>" in samples
+    assert "<pre>&lt;b&gt;bold&lt;/b&gt; &amp; &quot;quoted&quot;\nsecond line</pre>" in samples
+    assert "<li><em>(empty)</em></li>" in samples
+    assert samples.count("<li>") == 5 and "sample 4" in samples and "sample 5" not in samples
+    assert "ar-backbone" not in samples  # no examples in its records: not listed
+    assert "seed 3 of c.json" in samples
+
+
 def test_number_formatting():
     assert format_mean_std(62.6185, 1.234) == "62.6 ± 1.2"
     assert format_mean_std(0.5, 0.0123) == "0.500 ± 0.012"
@@ -243,3 +432,119 @@ def test_pareto_front_keeps_the_undominated_points():
     # (diversity, Gen.PPL): more diversity and less Gen.PPL are better
     points = [(0.5, 10.0), (0.6, 20.0), (0.4, 30.0), (0.6, 15.0)]
     assert pareto_front(points) == [0, 3]
+
+
+# --- names from records are data, in every format and in file names ----------------------------
+
+SCRIPT = "<script>alert(1)</script>"
+ATTRIBUTE = '"><img src=x onerror=alert(1)>'
+LIVE_TEX = "\n\\input{/etc/passwd}\n\\immediate\\write18{touch pwned}"
+TEX_SPECIALS = "\\ { } $ & # ^ _ % ~"
+#: HTML, a Markdown cell break, LaTeX's specials and lines of live LaTeX, a bare carriage
+#: return (which minimal CSV quoting misses) and a mathtext formula (matplotlib labels)
+HOSTILE = f"{SCRIPT} {ATTRIBUTE} a|b {TEX_SPECIALS}{LIVE_TEX}\r$\\input{{x}}$"
+
+
+def hostile_record(results: Path) -> Path:
+    entry = seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+    entry["methods"][f"{HOSTILE} method"] = entry["methods"].pop("ar-backbone")
+    proxies = entry["locate"]["proxies"]
+    proxies[f"{HOSTILE} proxy"] = proxies.pop("curvature")
+    correlations = entry["sweep"]["correlations"]
+    correlations[f"{HOSTILE} proxy"] = correlations.pop("curvature")
+    correlations["score"] = f"too few layers {HOSTILE}"  # becomes a note under the proxy table
+    chosen = entry["methods"]["dihal-chosen"]
+    chosen["samples"]["examples"] = [f"{SCRIPT} sample", HOSTILE]
+    # first of the lower-is-better metrics: the y axis of the trade-off plot
+    chosen["metrics"][f"{HOSTILE} metric"] = 1.0
+    metrics = {f"{HOSTILE} metric": metric(f"{HOSTILE} title", False, f"{HOSTILE} description", f"{HOSTILE} 1.0"),
+               **METRICS}
+    return write_record(results, "run |<b>x\n\\input{y}.json", [entry], suite=f"../../{HOSTILE} suite",
+                        backbone=f"/etc/{HOSTILE} backbone", evaluator=f"{HOSTILE}\x00 evaluator",
+                        corpus=f"{HOSTILE} corpus", metrics=metrics)
+
+
+def unescaped(character: str, line: str) -> int:
+    """How many times ``character`` occurs in ``line`` not escaped by a backslash."""
+    return len(re.findall(rf"(?<!\\)(?:\\\\)*{re.escape(character)}", line))
+
+
+def test_names_from_records_render_inertly_in_every_format(tmp_path, monkeypatch):
+    import matplotlib
+
+    # a matplotlibrc with usetex would make every plot label LaTeX: the leaderboard turns it off
+    monkeypatch.setitem(matplotlib.rcParams, "text.usetex", True)
+    results = tmp_path / "results"
+    results.mkdir()
+    hostile_record(results)
+    out = tmp_path / "out"
+    written, warnings = build(results, out, formats=("md", "csv", "html", "latex"))
+    assert warnings == []
+    [folder] = [path for path in out.iterdir() if path.is_dir()]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "results"]
+    assert all(path.resolve().is_relative_to(out.resolve()) for path in written)
+    assert {path.suffix for path in folder.iterdir()} == {".md", ".csv", ".html", ".tex", ".png"}
+
+    for path in [*folder.glob("*.md"), out / "index.md"]:
+        text = path.read_text()
+        assert "<script" not in text and "<img" not in text and "&lt;script&gt;" in text, path.name
+        table = [line for line in text.splitlines() if line.startswith("|")]
+        assert len({unescaped("|", line) for line in table}) == 1, path.name  # no cell split, no row broken
+        assert not any(line.startswith(("\\input", "\\immediate", "$")) for line in text.splitlines()), path.name
+    assert "a\\|b" in (folder / "methods.md").read_text()
+
+    for path in [*folder.glob("*.html"), out / "leaderboard.html"]:
+        text = path.read_text()
+        if path.name == "leaderboard.html":
+            text = without_sort_script(text)
+        assert "<script" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text, path.name
+        assert all(image.startswith('<img src="data:image/png;base64,') for image in re.findall(r"<img[^>]*", text))
+        assert "<title>" in text and SCRIPT not in text.split("<title>")[1].split("</title>")[0]
+    assert "<pre>&lt;script&gt;alert(1)&lt;/script&gt; sample</pre>" in (out / "leaderboard.html").read_text()
+
+    # CSV keeps every name exactly, line breaks included, and every row whole
+    methods = pd.read_csv(folder / "methods.csv")
+    assert sorted(methods["method"]) == sorted(["dihal-chosen", f"{HOSTILE} method"])
+    assert f"{HOSTILE} proxy_mean" in pd.read_csv(folder / "layers.csv").columns
+    assert set(pd.read_csv(folder / "proxies.csv")["proxy"]) == {f"{HOSTILE} proxy"}
+    described = pd.read_csv(folder / "metrics.csv").set_index("metric")
+    assert described.loc[f"{HOSTILE} metric", "display_name"] == f"{HOSTILE} title"
+    assert methods.set_index("method").loc["dihal-chosen", f"{HOSTILE} metric_mean"] == 1.0
+    assert "too few layers &lt;script&gt;" in (folder / "proxies.md").read_text()  # the note
+
+    for path in folder.glob("*.tex"):
+        lines = re.split(r"\r\n|\r|\n", path.read_text())
+        assert lines[0].startswith("% Built from") and lines[1].startswith("% ") and not lines[2].startswith("%")
+        body = "\n".join(lines[2:])
+        assert re.search(r"\\(input|immediate|write18)", body) is None, path.name
+        rows = [line for line in lines if line.endswith("\\\\")]
+        assert len({unescaped("&", row) for row in rows}) == 1, path.name  # no name adds a column
+    latex = (folder / "methods.tex").read_text()
+    assert r"\textless{}script\textgreater{}alert(1)\textless{}/script\textgreater{}" in latex
+    assert r"\textbackslash{} \{ \} \$ \& \# \textasciicircum{} \_ \% \textasciitilde{}" in latex
+    assert r"\textbackslash{}input\{/etc/passwd\}" in latex and r"a\textbar{}b" in latex
+
+
+def test_group_folders_stay_inside_the_output_folder_and_apart(tmp_path):
+    names = [
+        ("../..", "/etc/passwd", "x"), ("..", "..", ".."), ("-rf", "a\x00b", "c" * 1000),
+        ("diag", "tiny", "big/eval"), ("diag", "tiny", "big_eval"), ("diag", "Tiny", "big_eval"),
+        ("a-b", "c", "d"), ("a", "b-c", "d"),
+    ]
+    results = tmp_path / "results"
+    results.mkdir()
+    for i, (suite, backbone, evaluator) in enumerate(names):  # Gen.PPL i tells the groups apart
+        write_record(results, f"{i}.json", [seed_entry(0, float(i), 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)],
+                     suite=suite, backbone=backbone, evaluator=evaluator)
+    out = tmp_path / "out"
+    written, _ = build(results, out, formats=("csv",))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "results"]
+    assert all(path.resolve().parent.parent == out.resolve() for path in written)
+    folders = list(out.iterdir())
+    assert len(folders) == len(names)
+    assert all(len(folder.name.encode()) <= 255 and not folder.name.startswith((".", "-")) for folder in folders)
+    # no group overwrote another: each folder holds its own record's numbers
+    found = {pd.read_csv(folder / "methods.csv").set_index("method").loc["dihal-chosen", "gen_ppl_mean"]
+             for folder in folders}
+    assert found == set(map(float, range(len(names))))
+    assert not (out / "diag-tiny-big_eval").exists()  # those three clash (case too): all get digests

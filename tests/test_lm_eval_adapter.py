@@ -5,7 +5,8 @@ offline through lm-eval and its perplexities match a direct computation."""
 
 from __future__ import annotations
 
-import importlib.util
+import hashlib
+import importlib
 import json
 import math
 import re
@@ -18,23 +19,24 @@ from transformers import LlamaConfig, LlamaForCausalLM
 pytest.importorskip("lm_eval")
 
 import lm_eval  # noqa: E402
+from dihal_builtin.bridge import DihalBridge  # noqa: E402
+from dihal_builtin.hf_backbone import HFBackbone  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.api.registry import get_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-import dihal_bench.lm_eval_adapter as adapter  # noqa: E402
+import dihal_bench  # noqa: E402
+from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
 from dihal_bench.corpus import load_corpus  # noqa: E402
 from dihal_bench.errors import DihalError  # noqa: E402
-from dihal_bench.lm_eval_adapter import (  # noqa: E402
+from dihal_bench.lm_eval import (  # noqa: E402
     INSTALL_HINT,
     DihalLM,
     load_scorer,
     local_task_config,
+    model_args_from_record,
     run_lm_eval,
 )
-from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
-from dihal_builtin.bridge import DihalBridge  # noqa: E402
-from dihal_builtin.hf_backbone import HFBackbone  # noqa: E402
 
 CONTEXT = 64  # the tiny model's positions: texts below are longer, so rolling needs several windows
 EOS = 1  # the character tokenizer's (conftest.py); it has no BOS, so EOS is the prefix token
@@ -283,7 +285,9 @@ def test_bridge_checkpoint_round_trip_and_model_args(tmp_path, backbone, char_to
     bridge = tiny_bridge(backbone.width)
     save_bridge_checkpoint(bridge, "dihal-bridge", 1, backbone.name, tmp_path / "ckpt")
     meta = json.loads((tmp_path / "ckpt" / "bridge.json").read_text())
-    assert meta == {"name": "dihal-bridge", "config": bridge.config(), "layer": 1, "backbone": "tiny"}
+    weights_sha256 = hashlib.sha256((tmp_path / "ckpt" / "model.safetensors").read_bytes()).hexdigest()
+    assert meta == {"name": "dihal-bridge", "config": bridge.config(), "layer": 1, "backbone": "tiny",
+                    "weights_sha256": weights_sha256}
 
     loaded, layer = load_bridge_checkpoint(tmp_path / "ckpt", backbone)
     assert layer == 1
@@ -329,6 +333,21 @@ def test_model_args_are_checked(backbone):
         load_scorer(backbone, bridge=tiny_bridge(backbone.width))
     with pytest.raises(DihalError, match="positive integer"):
         DihalLM(load_scorer(backbone), batch_size="auto")
+
+
+def test_a_records_intact_backbone_is_known_by_what_it_trained_not_by_its_name():
+    methods = {
+        "reference": {"kind": "baseline", "in_budget": False, "parameters": {}},
+        "sed": {"kind": "baseline", "in_budget": True, "parameters": {"denoiser": 10}},
+        "dihal-chosen": {"kind": "dihal", "in_budget": True, "layer": 2, "train": {"checkpoint": "/ckpt/bridge"}},
+    }
+    record = {"backbone": "tiny", "jobs": "/jobs", "config": {"bridge": {"sample_steps": 4}},
+              "per_seed": [{"seed": 3, "methods": methods}]}
+    assert model_args_from_record(record, "reference") == ({"backbone": "tiny"}, 3)
+    assert model_args_from_record(record, "dihal-chosen") == (
+        {"backbone": "tiny", "layer": 2, "bridge": "/ckpt/bridge", "steps": 4}, 3)
+    with pytest.raises(DihalError, match=r"'sed' \(a trained baseline\) is neither"):
+        model_args_from_record(record, "sed")
 
 
 # -- lm-eval runs -----------------------------------------------------------------------------
@@ -426,14 +445,16 @@ def test_unknown_task_is_refused_before_the_model_loads(user_tasks):
         run_lm_eval("backbone=no-such-backbone", ["tiny_choice", "no-such-task"])
 
 
-def test_without_lm_eval_the_module_imports_and_explains(monkeypatch, backbone):
-    """A fresh copy of the module, imported while `lm_eval` cannot be imported."""
+def test_without_lm_eval_the_package_imports_and_explains(monkeypatch, backbone):
+    """A fresh copy of the package, imported while `lm_eval` cannot be imported; the loaded one
+    is put back afterwards (in sys.modules and as the attribute of dihal_bench)."""
     monkeypatch.setitem(sys.modules, "lm_eval", None)
-    spec = importlib.util.spec_from_file_location("lm_eval_adapter_without_lm_eval", adapter.__file__)
-    without = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, without)  # dataclasses look their module up there
-    spec.loader.exec_module(without)
-    assert without.lm_eval is None
+    for name in [name for name in sys.modules if name.split(".")[:2] == ["dihal_bench", "lm_eval"]]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(dihal_bench, "lm_eval", dihal_bench.lm_eval)
+    without = importlib.import_module("dihal_bench.lm_eval")
+    assert without.DihalLM is not DihalLM  # a fresh copy, not the loaded package
+    assert without.model.lm_eval is None
     with pytest.raises(DihalError, match=re.escape(INSTALL_HINT)):
         without.run_lm_eval("backbone=tiny", ["dihal-local"])
     with pytest.raises(DihalError, match=re.escape(INSTALL_HINT)):

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.locate import LocateConfig, locate, write_outputs
-from dihal_builtin.hf_backbone import HFBackbone
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PLUGIN = REPO / "plugins" / "examples" / "dihal-bench-spectral-gap"
-WORDS = "the of and a to in is was that for on are with as by at from this be or an which not".split()
-
-
-@pytest.fixture(scope="module")
-def text_dir(tmp_path_factory) -> Path:
-    """Sixty seeded word-salad documents of ~400 characters (= tokens for the char tokenizer)."""
-    directory = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    for i in range(60):
-        (directory / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(100)))
-    return directory
 
 
 @pytest.fixture
@@ -108,7 +96,26 @@ def test_trace_preprocessing_makes_the_choice_invariant_to_layer_scale(tiny_back
                         lambda ids, mask=None: [h * (10.0 ** i) for i, h in enumerate(real(ids, mask))])
     scaled = locate(tiny_backbone, corpus, small_config(), progress=False)
     assert scaled["chosen_layer"] == plain["chosen_layer"]
-    assert np.allclose(scaled["score"], plain["score"], atol=1e-6)
+    # Equal up to float32 rounding only: 10**i is no power of two, so h·10**i is rounded
+    # (≤ u = eps32/2 relative per element) and preprocess rounds its float64 result back to
+    # float32 (another u), so the proxies see inputs ≤ 2u apart. They are medians of ratios
+    # and extreme eigenvalues of sums of those inputs (float64 inside), which pass such an
+    # error on with a small condition number: allow each raw value 16u = 8·eps32 relative
+    # (about 1u is typical), then carry that through the z-scores, which magnify it where a
+    # proxy's values barely differ between layers.
+    rho = 8 * float(np.finfo(np.float32).eps)
+    tolerance = sum(abs(entry["weight"]) * zscore_error_bound(entry["values"], rho)
+                    for entry in plain["proxies"].values())
+    assert np.all(np.abs(np.subtract(scaled["score"], plain["score"])) <= tolerance)
+
+
+def zscore_error_bound(values: list[float], rho: float) -> np.ndarray:
+    """How far each z-score across layers can move when every value moves by at most ``rho``
+    of itself. With M = max|v|: |Δv|, |Δmean| ≤ ρM and |Δstd| ≤ 2ρM, so for z = (v − mean)/std
+    |Δz| ≤ 2ρ(M/std)(1 + |z|) to first order in ρ."""
+    v = np.asarray(values, dtype=np.float64)
+    z = (v - v.mean()) / v.std()
+    return 2 * rho * np.abs(v).max() / v.std() * (1 + np.abs(z))
 
 
 # --- the example plugin, installed for real, used by the CLI ------------------------------------

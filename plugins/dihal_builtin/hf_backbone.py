@@ -13,7 +13,10 @@ import inspect
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 
 from dihal_bench.backbone import Backbone
 from dihal_bench.errors import DihalError
@@ -94,6 +97,12 @@ class HFBackbone(Backbone):
         return self.model.get_output_embeddings().weight.shape[0]
 
     @property
+    def context_length(self) -> int | None:
+        config = self.base.config
+        return next((getattr(config, key) for key in ("max_position_embeddings", "n_positions", "n_ctx")
+                     if getattr(config, key, None)), None)
+
+    @property
     def sliding_window(self) -> int | None:
         if "sliding_attention" not in self.layer_types:
             return None
@@ -147,9 +156,12 @@ class HFBackbone(Backbone):
         return hidden
 
     @torch.no_grad()
-    def hidden_states(self, input_ids, attention_mask=None):
+    def hidden_states(self, input_ids, attention_mask=None, *, up_to=None):
+        depth = self.check_up_to(up_to)
         states = [self.embed(input_ids)]
-        self._run_layers(states[0], 0, self.num_layers, attention_mask, None, 0, collect=states)
+        # The masks and rotary tables are built for the layer kinds among the first `depth`
+        # layers only; each layer's computation is the same as in the full pass.
+        self._run_layers(states[0], 0, depth, attention_mask, None, 0, collect=states)
         return states
 
     @torch.no_grad()

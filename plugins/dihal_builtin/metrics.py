@@ -6,8 +6,8 @@ metric plugins. A registered metric returns its value under its own name plus th
 it was computed on; when the samples leave nothing to measure it returns None and a
 `warning` instead of raising, so one degenerate method does not stop a suite.
 
-`rank_correlations` (proxy score vs bridge loss over layers) is a plain function the
-runner calls; it is not a per-sample metric.
+Rank correlations across layers are not per-sample metrics: they live in the core,
+`dihal_bench.stats`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import scipy.stats
 
 from dihal_bench import hookimpl
 from dihal_bench.errors import DihalError
@@ -158,45 +157,6 @@ def mauve_score(
     return result
 
 
-def rank_correlations(x: Sequence[float], y: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> MetricResult:
-    """Spearman ρ and Kendall τ (τ-b) between paired x and y, with bootstrap 95% intervals.
-
-    The intervals are percentile intervals (2.5th, 97.5th) over `n_boot` resamples of the
-    pairs with replacement (for DiHAL: over layers). A resample in which x or y is
-    constant has no rank correlation and is skipped; `n_boot_valid` says how many
-    counted. Returns keys spearman, spearman_low, spearman_high, kendall, kendall_low,
-    kendall_high, n, n_boot, n_boot_valid; values are None (with a `warning`) where
-    undefined: fewer than 3 pairs, or x or y constant.
-    """
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"rank_correlations needs two 1-D sequences of equal length, got shapes {x.shape} and {y.shape}")
-    result: MetricResult = dict.fromkeys(
-        ("spearman", "spearman_low", "spearman_high", "kendall", "kendall_low", "kendall_high")
-    )
-    result |= {"n": len(x), "n_boot": n_boot, "n_boot_valid": 0}
-    if len(x) < 3:
-        return result | {"warning": f"rank correlation needs at least 3 pairs, got {len(x)}"}
-    if _is_constant(x) or _is_constant(y):
-        return result | {"warning": "rank correlation undefined: one side is constant"}
-    result["spearman"] = float(scipy.stats.spearmanr(x, y).statistic)
-    result["kendall"] = float(scipy.stats.kendalltau(x, y).statistic)
-
-    rng = np.random.default_rng(seed)
-    rhos, taus = [], []
-    for idx in rng.integers(0, len(x), size=(n_boot, len(x))):
-        xb, yb = x[idx], y[idx]
-        if _is_constant(xb) or _is_constant(yb):
-            continue
-        rhos.append(scipy.stats.spearmanr(xb, yb).statistic)
-        taus.append(scipy.stats.kendalltau(xb, yb).statistic)
-    result["n_boot_valid"] = len(rhos)
-    if rhos:
-        result["spearman_low"], result["spearman_high"] = (float(v) for v in np.percentile(rhos, [2.5, 97.5]))
-        result["kendall_low"], result["kendall_high"] = (float(v) for v in np.percentile(taus, [2.5, 97.5]))
-    return result
-
-
 def _import_mauve():
     try:
         import mauve
@@ -313,28 +273,33 @@ def register_metrics(register):
         _perplexity_metric("gen_ppl", gen_ppl),
         description="generative perplexity under the evaluator, corpus level: exp(sum NLL / sum tokens) (MDLM)",
         higher_is_better=False,
+        display_name="Gen.PPL",
     )
     register(
         "gen_ppl_sample_mean",
         _perplexity_metric("gen_ppl_sample_mean", gen_ppl_sample_mean),
         description="generative perplexity under the evaluator, mean of per-sample perplexities (SEDD, LD4LG)",
         higher_is_better=False,
+        display_name="Gen.PPL (mean)",
     )
     register(
         "entropy",
         _entropy_metric,
         description="mean per-sample unigram entropy of the generated token ids, nats (ReMDM)",
         higher_is_better=True,
+        display_name="Entropy",
     )
     register(
         "diversity",
         _diversity_metric,
         description="product over n=2,3,4 of distinct/total n-grams per text, whitespace tokens (SimCTG)",
         higher_is_better=True,
+        display_name="Diversity",
     )
     register(
         "mauve",
         _mauve_metric,
         description="MAUVE of generations vs held-out references on evaluator features (needs dihal-bench[mauve])",
         higher_is_better=True,
+        display_name="MAUVE",
     )

@@ -6,7 +6,7 @@ Every proxy is a plain function ``fn(hidden, *, <constants>, seed=0) -> float`` 
 per-dimension variance). Keyword constants are the proxy's parameters: the harness records
 them in the run and lets the user override them. All arithmetic is in float64.
 
-The first three are DiHAL's (arXiv 2605.14368, DESIGN.md §4.1): local curvature, global
+The first three are DiHAL's (arXiv 2605.14368, docs/method.md#locate): local curvature, global
 monotonicity and effective rank. The rest are standard estimators of intrinsic dimension
 and shape, offered so that users can see whether they predict bridgeability as well.
 

@@ -1,1 +1,1 @@
-"""The baselines: continuous-diffusion text generators trained under the matched budget (DESIGN.md §4.3)."""
+"""The baselines: continuous-diffusion text generators trained under the matched budget (docs/method.md#baselines)."""

@@ -1,9 +1,8 @@
 """The intact backbone sampled autoregressively: the reference every method is read against
-(DESIGN.md §4.3, "Controls"). It trains nothing and sits outside the budget."""
+(docs/method.md#baselines). It trains nothing and sits outside the budget."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,10 +11,11 @@ from torch import Tensor, nn
 
 from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import CONFIG_FILE, Baseline
+from dihal_bench.baseline import CONFIG_FILE, Baseline, read_config
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import check_sampling, intact_control
+from dihal_bench.records import write_json_atomic
 from dihal_bench.training import TrainResult
 
 from .common import parse_options
@@ -30,8 +30,8 @@ class ARBackboneOptions:
 class ARBackbone(Baseline):
     """The frozen backbone generating left to right, one token per forward step with its
     key/value cache, from the start token: the tokenizer's BOS, or its EOS where there is no
-    BOS (SmolLM2 has none; the start token is not part of the T returned tokens). Decoding is
-    the hybrid's own loop (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL
+    BOS (SmolLM2 defines ``<|im_start|>`` as BOS but never adds it to text; the start token is
+    not part of the T returned tokens). Decoding is the hybrid's own loop (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL
     are sampled identically.
 
     ``in_budget = False``: nothing is trained, so fit() takes no step, save() writes only the
@@ -39,8 +39,9 @@ class ARBackbone(Baseline):
     """
 
     name = "ar-backbone"
-    paper = "the intact backbone (reference control, DESIGN.md §4.3)"
+    paper = "the intact backbone (reference control, docs/method.md#baselines)"
     in_budget = False
+    intact_backbone = True
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
@@ -71,15 +72,10 @@ class ARBackbone(Baseline):
                                 seed=seed, batch_size=batch_size, progress=progress)
 
     def save(self, directory: Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+        write_json_atomic(Path(directory) / CONFIG_FILE, self.config())
 
     def load(self, directory: Path) -> None:
-        path = Path(directory) / CONFIG_FILE
-        if not path.exists():
-            raise DihalError(f"{self.name}: no saved configuration in {directory}")
-        saved = json.loads(path.read_text())
+        saved = read_config(Path(directory))
         if saved.get("name") != self.name or saved.get("options") != self.options:
             raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
                              f"not {self.name!r} with {self.options}")

@@ -103,7 +103,7 @@ class LD4LG(DiffusionBaseline):
     Adapted to one backbone and one budget:
     - the encoder is the frozen backbone, read after its final norm (the LM head's input) by
       default: the raw last layer carries the attention sink's massive activations at position 0
-      (DESIGN.md §3); ``feature_layer`` reads hidden-state index ℓ instead. The states of every
+      (docs/method.md#embedded-defaults); ``feature_layer`` reads hidden-state index ℓ instead. The states of every
       training sequence are computed once, before training.
     - the decoder is trained from scratch (the paper feeds a frozen BART decoder) and is tied to
       the backbone's frozen embedding table through two trainable projections (see
@@ -167,7 +167,7 @@ class LD4LG(DiffusionBaseline):
         for ids in tqdm(sequences.split(FEATURE_BATCH), desc=f"{self.name} features", disable=not progress,
                         leave=False):
             ids = ids.to(self.backbone.device)
-            states = self.backbone.final_hidden(ids) if layer is None else self.backbone.hidden_states(ids)[layer]
+            states = self.backbone.final_hidden(ids) if layer is None else self.backbone.hidden_states(ids, up_to=layer)[layer]
             chunks.append(states.float().cpu())
         return torch.cat(chunks)
 

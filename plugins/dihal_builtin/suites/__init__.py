@@ -1,9 +1,11 @@
-"""Built-in suites, as data: one TOML file each (DESIGN.md §4.5)."""
+"""Built-in suites, as data: one TOML file each (docs/method.md#suites)."""
 
 from pathlib import Path
 
 from dihal_bench import hookimpl
-from dihal_bench.suite import tomllib  # the standard library's, or tomli before Python 3.11
+from dihal_bench.suite import (
+    tomllib,  # the standard library's, or tomli before Python 3.11
+)
 
 HERE = Path(__file__).parent
 

@@ -22,4 +22,5 @@ def spectral_gap(hidden: torch.Tensor, *, top: int = 1) -> float:
 
 @hookimpl
 def register_proxies(register):
-    register("spectral_gap", spectral_gap, higher_is_better=True)
+    register("spectral_gap", spectral_gap, higher_is_better=True,
+             description="ratio of the leading covariance eigenvalues (a large gap: low-dimensional)")

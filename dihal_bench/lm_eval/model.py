@@ -1,14 +1,9 @@
-"""The lm-evaluation-harness adapter: the intact backbone or a DiHAL hybrid as an lm-eval model.
+"""`DihalLM`: a scorer (``scorer.py``) as an lm-evaluation-harness model, registered in
+lm-eval's model registry as ``dihal`` when this module is imported, so that
+``lm_eval.simple_evaluate(model="dihal", model_args="backbone=gemma3-270m,bridge=runs/b")`` works.
 
-`DihalLM` is registered in lm-eval's model registry as ``dihal`` when this module is imported,
-so ``lm_eval.simple_evaluate(model="dihal", model_args="backbone=gemma3-270m,bridge=runs/b")``
-works as well as :func:`run_lm_eval`. lm-eval is an optional extra: without it this module
-still imports, and everything that needs it raises a `DihalError` with the install command.
-
-The model is reached through a *scorer*, anything with ``.tokenizer``, ``.device``,
-``.max_length`` and ``.logits(input_ids, attention_mask)`` returning next-token logits
-(B, T, V) for right-padded ids. A `Backbone` and a `HybridLM` both have such ``logits``;
-`ModelScorer` adds the rest.
+lm-eval is an optional extra: without it this module still imports, and `DihalLM` raises a
+`DihalError` with the install command.
 
 Tokenisation follows lm-eval's Hugging Face model (``lm_eval.models.huggingface``):
 contexts get the tokenizer's own special tokens, the empty context and the start of every
@@ -20,51 +15,36 @@ window gets the longest context that fits.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from dihal_bench.backbone import Backbone, load_backbone
-from dihal_bench.bridge_io import load_bridge_checkpoint
-from dihal_bench.corpus import canonical_split, load_corpus
+from dihal_bench.backbone import Backbone
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import HybridLM, LowerStack, check_sampling, sample_next_token
-from dihal_bench.records import write_json_atomic, write_text_atomic
+from dihal_bench.hybrid import LowerStack, check_sampling, sample_next_token
+from dihal_bench.lm_eval.scorer import Scorer, load_scorer
 
 try:
     import lm_eval
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
+    from lm_eval.utils import (
+        get_rolling_token_windows,
+        make_disjoint_window,
+        simple_parse_args_string,
+    )
 except ImportError:  # the optional extra is missing: DihalLM and run_lm_eval say how to install it
     lm_eval = None
     TemplateLM = object
 
 INSTALL_HINT = 'lm-eval is not installed: pip install "dihal-bench[lm-eval]"'
 
-#: the task name that `run_lm_eval` replaces with `local_task_config(corpus)`
-LOCAL_TASK = "dihal-local"
-#: metric -> lm-eval aggregation (lower is better for all three)
-LOCAL_METRICS = {
-    "word_perplexity": "weighted_perplexity",
-    "byte_perplexity": "weighted_perplexity",
-    "bits_per_byte": "bits_per_byte",
-}
-
-#: the longest window scored by default: lm-eval's own fallback length, and a bound on the
-#: (B, T, vocabulary) logits a CPU must hold when a model's context runs to 32k tokens or more
-DEFAULT_MAX_LENGTH = 2048
 DEFAULT_MAX_GEN_TOKS = 256
 GENERATION_OPTIONS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
-
 
 
 def require_lm_eval():
@@ -72,89 +52,6 @@ def require_lm_eval():
     if lm_eval is None:
         raise DihalError(INSTALL_HINT)
     return lm_eval
-
-
-# -- scorers ---------------------------------------------------------------------------------
-
-
-class Scorer(Protocol):
-    """What `DihalLM` needs of a model."""
-
-    tokenizer: Any
-    device: torch.device
-    max_length: int
-
-    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor: ...
-
-
-@dataclass
-class ModelScorer:
-    """A `Backbone` or `HybridLM` (``model``) with the tokenizer, device and window length."""
-
-    model: Backbone | HybridLM
-    tokenizer: Any
-    device: torch.device
-    max_length: int
-    name: str
-
-    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        return self.model.logits(input_ids, attention_mask)
-
-
-def load_scorer(
-    backbone: str | Backbone,
-    *,
-    layer: int | None = None,
-    bridge: str | Path | LowerStack | None = None,
-    steps: int | None = None,
-    max_length: int | None = None,
-    **backbone_options,
-) -> ModelScorer:
-    """The intact backbone, or the hybrid of ``backbone`` with ``bridge`` inserted at ``layer``.
-
-    ``backbone`` is a `Backbone` or a name for `load_backbone` (which gets ``backbone_options``,
-    e.g. device and dtype). ``bridge`` is a checkpoint directory (see `save_bridge_checkpoint`;
-    it knows its layer) or a bridge object, which needs ``layer``. ``max_length`` defaults to
-    the model's context length, at most `DEFAULT_MAX_LENGTH` and at most the longest input the
-    bridge accepts.
-    """
-    if not isinstance(backbone, Backbone):
-        backbone = load_backbone(str(backbone), **{k: v for k, v in backbone_options.items() if v is not None})
-    if bridge is None:
-        if layer is not None or steps is not None:
-            raise DihalError("layer and steps describe a hybrid: give a bridge checkpoint as well")
-        return ModelScorer(backbone, backbone.tokenizer, backbone.device,
-                           _window_length(backbone, None, max_length), backbone.name)
-    if isinstance(bridge, (str, Path)):
-        bridge, layer = load_bridge_checkpoint(bridge, backbone, layer=layer)
-    elif layer is None:
-        raise DihalError("a bridge object needs the layer it replaces: pass layer=<int>")
-    hybrid = HybridLM(backbone, bridge, int(layer), steps=steps)
-    return ModelScorer(hybrid, backbone.tokenizer, backbone.device,
-                       _window_length(backbone, bridge, max_length), f"{backbone.name}+bridge@{layer}")
-
-
-def _window_length(backbone: Backbone, bridge: object | None, requested: int | None) -> int:
-    """The longest input scored at once: ``requested``, else the model's context length capped
-    at `DEFAULT_MAX_LENGTH`; never more than the bridge's positions (``bridge.max_len``)."""
-    bridge_limit = getattr(bridge, "max_len", None)
-    if requested is not None:
-        requested = int(requested)
-        if requested < 1:
-            raise DihalError(f"max_length must be at least 1, got {requested}")
-        if bridge_limit is not None and requested > bridge_limit:
-            raise DihalError(f"max_length {requested} exceeds the bridge's {bridge_limit} positions")
-        return requested
-    config = getattr(getattr(backbone, "model", None), "config", None)
-    context = next((getattr(config, a) for a in ("max_position_embeddings", "n_positions", "n_ctx")
-                    if getattr(config, a, None)), None)
-    return min(context or DEFAULT_MAX_LENGTH, DEFAULT_MAX_LENGTH, bridge_limit or DEFAULT_MAX_LENGTH)
-
-
-# -- bridge checkpoints -----------------------------------------------------------------------
-
-
-# -- the lm-eval model ------------------------------------------------------------------------
 
 
 class DihalLM(TemplateLM):
@@ -380,157 +277,3 @@ def cut_at_stop_strings(text: str, until: list[str]) -> str:
 
 if lm_eval is not None:
     register_model("dihal")(DihalLM)
-
-
-# -- tasks and runs ---------------------------------------------------------------------------
-
-
-def _cache_dir() -> Path:
-    # the same root as the embedded backbones' cache (dihal_builtin.embedded)
-    return Path(os.environ.get("DIHAL_BENCH_CACHE", Path.home() / ".cache" / "dihal-bench")) / "lm-eval"
-
-
-def local_task_config(corpus_spec: str, split: str = "test", max_documents: int | None = None) -> dict:
-    """An inline lm-eval task (``tasks=[config]``) scoring the rolling log-likelihood of each
-    document of a corpus split: word and byte perplexity and bits per byte, as lm-eval's
-    ``wikitext`` task does.
-
-    The documents are written to a JSON-lines file named by its content hash under
-    ``$DIHAL_BENCH_CACHE/lm-eval`` and referenced by absolute path (lm-eval resolves relative
-    data paths against the working directory), so the task needs no download.
-    """
-    corpus = load_corpus(corpus_spec)
-    split = canonical_split(split)
-    documents = corpus.split(split)[:max_documents]
-    if not documents:
-        raise DihalError(f"corpus {corpus.name!r} has no documents in its {split} split")
-    lines = "".join(json.dumps({"id": d.id, "text": d.text}, ensure_ascii=False) + "\n" for d in documents)
-    directory = _cache_dir()
-    data = directory / f"{hashlib.sha256(lines.encode('utf-8')).hexdigest()[:16]}.jsonl"
-    if not data.is_file():
-        write_text_atomic(data, lines)
-    return {
-        "task": LOCAL_TASK,
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data.resolve())}, "cache_dir": str((directory / "datasets").resolve())},
-        "test_split": "test",
-        "output_type": "loglikelihood_rolling",
-        "doc_to_text": "",
-        "doc_to_target": "text",  # a field name: the raw text, not a Jinja template
-        "metric_list": [{"metric": metric, "aggregation": aggregation, "higher_is_better": False}
-                        for metric, aggregation in LOCAL_METRICS.items()],
-        "metadata": {"version": 1.0, "corpus": corpus.name, "split": split, "documents": len(documents)},
-    }
-
-
-def run_lm_eval(
-    model_args: str | dict,
-    tasks: list[str],
-    *,
-    limit: int | float | None = None,
-    corpus: str = "stdlib-docs",
-    batch_size: int = 8,
-    out_dir: str | Path | None = None,
-) -> dict:
-    """Evaluate the model ``model_args`` describes (`DihalLM.from_model_args`) on lm-eval tasks.
-
-    ``tasks`` are lm-eval task names (their data must be available locally when offline) and
-    `LOCAL_TASK`, the held-out split of ``corpus`` (`local_task_config`). ``limit`` caps the
-    documents per task (a fraction when below 1). Returns ``{"results": {task: {metric:
-    value}}, "config": {...}}``; metrics under a filter other than lm-eval's "none" keep it as
-    ``metric,filter``. Also written to ``out_dir/lm_eval.json`` when ``out_dir`` is given.
-
-    Offline, set ``HF_DATASETS_OFFLINE=1`` before Python starts (``datasets`` reads it at
-    import) so that tasks with cached data do not first try the Hub.
-    """
-    require_lm_eval()
-    from lm_eval.tasks import TaskManager
-
-    if not tasks:
-        raise DihalError("no lm-eval tasks given")
-    named = [task for task in tasks if task != LOCAL_TASK]
-    manager = TaskManager(include_defaults=bool(named))  # indexing lm-eval's own tasks takes seconds
-    unknown = [task for task in named if task not in manager.all_tasks]
-    if unknown:
-        raise DihalError(f"unknown lm-eval task(s) {', '.join(unknown)}; list them with `lm-eval ls tasks`")
-    specs = [local_task_config(corpus) if task == LOCAL_TASK else task for task in tasks]
-    if isinstance(model_args, str):
-        model_args = simple_parse_args_string(model_args)
-    model = DihalLM.create_from_arg_obj({"batch_size": batch_size, **model_args})
-    try:
-        evaluated = lm_eval.simple_evaluate(model=model, tasks=specs, limit=limit, log_samples=False,
-                                            bootstrap_iters=0, task_manager=manager)
-    except ConnectionError as exc:  # what `datasets` raises for a task whose data is not cached
-        raise DihalError(f"lm-eval could not load a task's data ({str(exc).splitlines()[0]}); "
-                         "offline, only tasks whose data is already cached can run") from None
-    summary = {
-        "results": {task: _metrics(values) for task, values in evaluated["results"].items()},
-        "config": {
-            "model_args": {key: _describe(value) for key, value in model_args.items()},
-            "model": model.get_model_info(),
-            "tasks": list(tasks),
-            "corpus": corpus if LOCAL_TASK in tasks else None,
-            "limit": limit,
-            "batch_size": model.batch_size,
-            "samples": evaluated.get("n-samples", {}),
-            "lm_eval_version": lm_eval.__version__,
-        },
-    }
-    if out_dir is not None:
-        write_json_atomic(Path(out_dir) / "lm_eval.json", summary)
-    return summary
-
-
-def _metrics(values: dict) -> dict[str, float]:
-    """``{"word_perplexity,none": 3.2, "alias": ...}`` -> ``{"word_perplexity": 3.2}``: numeric
-    metrics only (no stderr left as "N/A", no alias)."""
-    metrics = {}
-    for key, value in values.items():
-        metric, comma, filter_name = key.partition(",")
-        if comma and isinstance(value, (int, float)) and not isinstance(value, bool):
-            metrics[metric if filter_name == "none" else key] = float(value)
-    return metrics
-
-
-def _describe(value):
-    """A model argument as JSON: objects (a backbone, a bridge) by their name."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Path):
-        return str(value)
-    return getattr(value, "name", type(value).__name__)
-
-
-# -- folding results into a run record --------------------------------------------------------
-
-
-def model_args_from_record(record: dict, method: str, seed: int | None = None) -> tuple[dict, int]:
-    """lm-eval model args for one method of a run record: the backbone for ``ar-backbone``, the
-    trained hybrid (backbone, layer, bridge checkpoint) for a ``dihal-*`` method."""
-    runs = record["per_seed"]
-    entry = next((r for r in runs if seed is None or r["seed"] == seed), None)
-    if entry is None:
-        raise DihalError(f"the record has no seed {seed}; it has {[r['seed'] for r in runs]}")
-    if method not in entry["methods"]:
-        raise DihalError(f"the record has no method {method!r}; it has {', '.join(entry['methods'])}")
-    found = entry["methods"][method]
-    if method == "ar-backbone":
-        return {"backbone": record["backbone"]}, entry["seed"]
-    if found.get("kind") != "dihal":
-        raise DihalError(f"lm-eval scores next-token models: the backbone (ar-backbone) and DiHAL hybrids, "
-                         f"not {method!r}, which generates whole sequences by diffusion")
-    checkpoint = Path(found["train"]["checkpoint"])
-    if not checkpoint.is_absolute() and not checkpoint.exists():  # stored relative to the job store
-        checkpoint = Path(record["jobs"]) / checkpoint
-    return {"backbone": record["backbone"], "layer": found["layer"], "bridge": str(checkpoint),
-            "steps": record["config"]["bridge"]["sample_steps"]}, entry["seed"]
-
-
-def attach_to_record(record_path: Path, method: str, seed: int, summary: dict) -> None:
-    """Store ``summary`` as ``per_seed[seed].methods[method].lm_eval`` and rewrite the record atomically."""
-    record = json.loads(Path(record_path).read_text())
-    for entry in record["per_seed"]:
-        if entry["seed"] == seed:
-            entry["methods"][method]["lm_eval"] = summary["results"]
-            entry["methods"][method]["lm_eval_config"] = summary["config"]
-    write_json_atomic(Path(record_path), record)

@@ -1,0 +1,16 @@
+"""The ``dihal-bench`` command line: the group and its one-line errors in ``app``, one module per
+command group (``catalog``: plugins, suites, check; ``locating``: locate; ``study``: run;
+``training``: sweep, bridge, generate, baseline; ``tables``: leaderboard, lm-eval)."""
+
+from dihal_bench.cli import catalog, locating, study, tables, training  # noqa: F401  (registers the commands)
+from dihal_bench.cli.app import cli
+from dihal_bench.cli.catalog import plugins, suites
+from dihal_bench.cli.locating import locate
+from dihal_bench.cli.study import run
+from dihal_bench.cli.tables import leaderboard, lm_eval_cmd
+
+__all__ = ["cli", "main", "plugins", "suites", "locate", "run", "leaderboard", "lm_eval_cmd"]
+
+
+def main():
+    cli(prog_name="dihal-bench")

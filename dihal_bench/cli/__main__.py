@@ -1,0 +1,3 @@
+from dihal_bench.cli import main
+
+main()

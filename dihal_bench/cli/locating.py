@@ -1,0 +1,91 @@
+"""``dihal-bench locate``: the per-layer geometry table and ℓ*."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dihal_bench.cli.app import (
+    SEED,
+    backbone_options,
+    cli,
+    parse_assignments,
+    parse_number,
+    write_json,
+)
+from dihal_bench.errors import DihalError
+from dihal_bench.suite import DIHAL_PROXIES, PREPROCESSING
+
+
+@cli.command()
+@click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)
+@click.option("--corpus", "corpus_name", default="stdlib-docs", show_default=True)
+@click.option("--tokens", type=click.IntRange(min=2), default=4096, show_default=True, help="Token hidden states sampled per layer (N).")
+@click.option("--seq-len", type=click.IntRange(min=2), default=128, show_default=True, help="Length of the validation sequences.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--proxies", default=",".join(DIHAL_PROXIES),
+              show_default=True, help="Comma-separated proxy names, or 'all' for every registered proxy.")
+@click.option("--preprocessing", type=click.Choice(PREPROCESSING), default="trace", show_default=True)
+@click.option("--param", "params", multiple=True, metavar="PROXY.KEY=VALUE", help="Override a proxy constant.")
+@click.option("--weight", "weights", multiple=True, metavar="PROXY=W", help="Weight of a proxy in the score (default 1).")
+@backbone_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/locate", show_default=True,
+              help="Folder for locate.json, locate.csv and locate.png.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write only the JSON record, here.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preprocessing, params, weights, device,
+           dtype, out_dir, json_path, quiet):
+    """Score every layer's hidden-state geometry and choose the insertion layer ℓ*."""
+    import math
+
+    from dihal_bench import locate as locate_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.preflight import (
+        check_backbone_name,
+        check_corpus_name,
+        check_device,
+        check_writable,
+    )
+
+    selected = tuple(p.strip() for p in proxies.split(",") if p.strip())
+    if not selected:
+        raise DihalError("--proxies names no proxy")
+    resolved = locate_module.resolve_proxies(selected)  # unknown names fail before any model loads
+    names = set(resolved)
+    overrides: dict[str, dict] = {}
+    for key, value in parse_assignments(params, "--param").items():
+        proxy, dot, name = key.partition(".")
+        if not dot or not name:
+            raise DihalError(f"--param {key!r} must name PROXY.KEY")
+        if proxy not in names:
+            raise DihalError(f"--param {key!r}: proxy {proxy!r} is not among the selected proxies ({', '.join(sorted(names))})")
+        overrides.setdefault(proxy, {})[name] = parse_number(value, f"--param {key}")
+    weight_values = {}
+    for proxy, text in parse_assignments(weights, "--weight").items():
+        if proxy not in names:
+            raise DihalError(f"--weight {proxy}: not among the selected proxies ({', '.join(sorted(names))})")
+        weight_values[proxy] = float(parse_number(text, f"--weight {proxy}"))
+        if not math.isfinite(weight_values[proxy]):
+            raise DihalError(f"--weight {proxy}={text}: a weight must be a finite number")
+    config = locate_module.LocateConfig(tokens=tokens, seq_len=seq_len, seed=seed, proxies=selected,
+                                        preprocessing=preprocessing, params=overrides, weights=weight_values)
+    check_backbone_name(backbone_name, "--backbone")
+    check_corpus_name(corpus_name, "--corpus")
+    check_device(device, "--device")
+    check_writable(Path(json_path).parent if json_path else Path(out_dir), "output folder")
+    backbone = load_backbone(backbone_name, device=device, dtype=dtype)
+    corpus = load_corpus(corpus_name)
+    result = locate_module.locate(backbone, corpus, config, progress=not quiet)
+    click.echo(locate_module.format_table(result))
+    timings = result["timings"]
+    click.echo(f"ℓ* = {result['chosen_layer']} for {result['backbone']['name']} "
+               f"(N={result['tokens_sampled']} tokens, {result['preprocessing']} preprocessing; "
+               f"extraction {timings['extract_seconds']:.1f}s, proxies {timings['proxy_seconds']:.1f}s)")
+    if json_path:
+        write_json(json_path, result)
+        click.echo(f"wrote {json_path}")
+    else:
+        for path in locate_module.write_outputs(result, Path(out_dir)):
+            click.echo(f"wrote {path}")

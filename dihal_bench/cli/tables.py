@@ -1,0 +1,71 @@
+"""Publishing: ``dihal-bench leaderboard`` and ``dihal-bench lm-eval``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from dihal_bench.cli.app import SEED, cli
+from dihal_bench.errors import DihalError
+
+
+@cli.command()
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default="runs/results", show_default=True,
+              help="Run records to read (the committed ones: results).")
+@click.option("--format", "formats", default="md,csv,html", show_default=True, help="Any of md, csv, html, latex.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/leaderboards", show_default=True,
+              help="Where the tables go (the committed ones: leaderboards).")
+def leaderboard(results_dir, formats, out_dir):
+    """Aggregate run records (mean ± std over seeds) into method, layer and proxy tables.
+
+    Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards`."""
+    from dihal_bench.leaderboard import build_leaderboards
+    from dihal_bench.preflight import check_writable
+
+    if not Path(results_dir).is_dir():
+        raise DihalError(f"no run records: {results_dir!r} is not a folder (run `dihal-bench run` first)")
+    unknown = {f.strip() for f in formats.split(",")} - {"md", "csv", "html", "latex"}
+    if unknown:
+        raise DihalError(f"--format {', '.join(sorted(unknown))}: not one of md, csv, html, latex")
+    check_writable(Path(out_dir), "output folder --out")
+
+    paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
+                               warn=lambda message: click.echo(f"Warning: {message}", err=True))
+    click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
+@cli.command("lm-eval")
+@click.option("--model-args", help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N]")
+@click.option("--record", "record_path", type=click.Path(dir_okay=False, exists=True),
+              help="Instead of --model-args: evaluate METHOD of this run record and add the results to it.")
+@click.option("--method", help="With --record: ar-backbone or a dihal-* method.")
+@click.option("--seed", type=SEED, help="With --record: which seed's model (default: the first).")
+@click.option("--tasks", default="dihal-local", show_default=True,
+              help="Comma-separated lm-eval tasks; dihal-local = rolling perplexity on the corpus's test split.")
+@click.option("--corpus", help="Corpus of the dihal-local task (default: the record's, else stdlib-docs).")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many documents per task.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
+def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir):
+    """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
+    from dihal_bench import lm_eval as lm_eval_adapter
+
+    if bool(model_args) == bool(record_path):
+        raise DihalError("give either --model-args or --record with --method")
+    if record_path:
+        if not method:
+            raise DihalError("--record needs --method (ar-backbone or dihal-chosen, dihal-worst, dihal-oracle)")
+        from dihal_bench.records import load_record
+
+        record = load_record(Path(record_path))
+        model_args, seed = lm_eval_adapter.model_args_from_record(record, method, seed)
+        corpus = corpus or record["corpus"]
+    summary = lm_eval_adapter.run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()],
+                                          limit=limit, corpus=corpus or "stdlib-docs", batch_size=batch_size,
+                                          out_dir=Path(out_dir) if out_dir else None)
+    click.echo(json.dumps(summary["results"], indent=2))
+    if record_path:
+        lm_eval_adapter.attach_to_record(Path(record_path), method, seed, summary)
+        click.echo(f"added to {record_path} ({method}, seed {seed}); rebuild tables with `dihal-bench leaderboard`")

@@ -1,0 +1,244 @@
+"""Single-stage training commands under a suite's protocol: ``sweep``, ``bridge train``,
+``generate``, ``baseline train`` and ``baseline sample``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from dihal_bench.cli.app import (
+    SEED,
+    CommandGroup,
+    cli,
+    parse_assignments,
+    parse_int_list,
+    write_json,
+)
+from dihal_bench.cli.study import resolved_suite
+from dihal_bench.errors import DihalError
+
+
+def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone_name: str, corpus_name: str,
+              out_dir: Path):
+    """The budget of ``section`` of a suite's protocol (``--suite``, the diagnostic one by default)
+    with ``--set budget.KEY=VALUE`` overrides, ``--epochs`` and the seed applied, through the same
+    parser as ``dihal-bench run``; returns (resolved suite, budget). The backbone and corpus names
+    and the output folder are checked too, and then the command says which protocol it uses."""
+    from dihal_bench.protocol import section_budget
+
+    overrides = parse_assignments(sets, "--set")
+    for key in overrides:
+        if not key.startswith("budget.") or key.count(".") != 1:
+            raise DihalError(f"--set {key!r}: only budget.KEY=VALUE is accepted here")
+    if epochs is not None:
+        overrides["budget.epochs"] = str(epochs)
+    name, config = resolved_suite(suite, None, None, None, None, ())
+    # the command's --set budget.* applies to the section it trains under
+    prefix = "budget." if section == "budget" else "sweep.budget."
+    from dihal_bench.suite import apply_overrides
+
+    config = apply_overrides(config, {prefix + key.partition(".")[2]: value for key, value in overrides.items()})
+    budget = section_budget(config, section, seed)
+    _check_training_inputs(backbone_name, corpus_name, out_dir)
+    click.echo(f"protocol: suite {name!r}, {section} = {budget.steps} steps x {budget.batch_size} x {budget.seq_len} "
+               f"tokens, lr {budget.lr:g}, epochs {budget.epochs}", err=True)
+    return config, budget
+
+
+def _training_options(f):
+    f = click.option("--quiet", is_flag=True, help="No progress bars.")(f)
+    f = click.option("--epochs", type=click.IntRange(min=1), help="Passes allowed over the training sequences (overrides the budget).")(f)
+    f = click.option("--set", "sets", multiple=True, metavar="budget.KEY=VALUE",
+                     help="Budget override, e.g. budget.steps=200.")(f)
+    f = click.option("--seed", type=SEED, default=0, show_default=True)(f)
+    f = click.option("--corpus", "corpus_name", default="stdlib-docs", show_default=True)(f)
+    f = click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)(f)
+    f = click.option("--suite", default="diagnostic", show_default=True,
+                     help="Whose training protocol (budget, bridge) to use: a suite name or TOML file.")(f)
+    return f
+
+
+def _check_training_inputs(backbone_name, corpus_name, out_dir) -> None:
+    from dihal_bench.preflight import (
+        check_backbone_name,
+        check_corpus_name,
+        check_writable,
+    )
+
+    check_backbone_name(backbone_name, "--backbone")
+    check_corpus_name(corpus_name, "--corpus")
+    check_writable(Path(out_dir), "output folder --out")
+
+
+@cli.command()
+@_training_options
+@click.option("--layers", default="auto", show_default=True,
+              help="Comma-separated layers, or 'auto' (about ten spread over the stack, always with ℓ*).")
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True, help="Validation sequences per layer.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/sweep", show_default=True)
+def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, out_dir):
+    """Train one bridge per layer under one protocol; table, rank correlations and plot."""
+    from dihal_bench import sweep as sweep_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.locate import LocateConfig, locate
+    from dihal_bench.plan import auto_sweep_layers
+    from dihal_bench.protocol import bridge_spec
+
+    chosen_layers = None if layers == "auto" else parse_int_list(layers, "--layers")
+    config, budget = _protocol(suite, sets, seed, "sweep.budget", epochs, backbone_name, corpus_name, out_dir)
+    backbone = load_backbone(backbone_name)
+    if chosen_layers is not None:
+        sweep_module.check_layers(backbone, chosen_layers)
+    corpus = load_corpus(corpus_name)
+    located = locate(backbone, corpus, LocateConfig(seed=seed), progress=not quiet)
+    if chosen_layers is None:
+        chosen_layers = auto_sweep_layers(backbone.num_layers, {located["chosen_layer"]}, 10)
+    spec = bridge_spec(config, "sweep.budget", seed)
+    result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec, eval_sequences=eval_sequences,
+                                    work_dir=Path(out_dir) / "checkpoints", progress=not quiet)
+    result["correlations"] = sweep_module.layer_correlations(located, result["layers"], seed)
+    result.update(locate=located, budget=budget.to_dict(), backbone=backbone.name, corpus=corpus.name)
+    click.echo(sweep_module.format_sweep(result))
+    for path in sweep_module.write_sweep_outputs(result, Path(out_dir)):
+        click.echo(f"wrote {path}")
+
+
+@cli.group(cls=CommandGroup)
+def bridge():
+    """Train a single DiHAL bridge (one layer)."""
+
+
+@bridge.command("train")
+@_training_options
+@click.option("--layer", type=click.IntRange(min=1), required=True, help="Replace layers 1..LAYER by the bridge.")
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Checkpoint folder (resumes an interrupted training found there).")
+def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layer, eval_sequences, out_dir):
+    """Train the DiHAL bridge for one layer, evaluate it, save a safetensors checkpoint."""
+    from dihal_bench import sweep as sweep_module
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.bridge_io import save_bridge_checkpoint
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.protocol import bridge_spec
+
+    config, budget = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name, out_dir)
+    backbone = load_backbone(backbone_name)
+    backbone.check_layer(layer)
+    corpus = load_corpus(corpus_name)
+    spec = bridge_spec(config, "budget", seed)
+    result = sweep_module.run_sweep(backbone, corpus, [layer], spec, eval_sequences=eval_sequences,
+                                    work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True)
+    trained = result.pop("bridges")[layer]
+    save_bridge_checkpoint(trained, spec.name, layer, backbone.name, Path(out_dir))
+    row = result["layers"][0]
+    write_json(Path(out_dir) / "train.json", {**result, "budget": budget.to_dict()})
+    click.echo(f"layer {layer}: bridge MSE {row['bridge_mse']:.4f}, R² {row['bridge_r2']:.3f}, hybrid PPL "
+               f"{row['hybrid_ppl']:.2f} (backbone {result['backbone_ppl']:.2f}, skip control {row['skip_ppl']:.1f}), "
+               f"KL {row['kl_to_backbone']:.3f}; {row['steps']} steps in {row['train_seconds']:.0f}s")
+    click.echo(f"wrote checkpoint {out_dir}")
+
+
+@cli.command()
+@click.option("--checkpoint", type=click.Path(file_okay=False), required=True, help="A `bridge train` output folder.")
+@click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True, help="Number of samples.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=0.95, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), help="Bridge sampling steps K (default: the bridge's own).")
+@click.option("--prompt", help="Text to continue (default: unconditional from the start token).")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--no-sink-passthrough", is_flag=True, help="Ablation: let the bridge produce position 0 too.")
+def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, prompt, seed, no_sink_passthrough):
+    """Sample text from a DiHAL hybrid: bridge → upper layers → LM head."""
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
+    from dihal_bench.hybrid import HybridLM
+
+    meta = read_bridge_meta(Path(checkpoint))
+    backbone = load_backbone(meta["backbone"])
+    trained, layer = load_bridge_checkpoint(Path(checkpoint), backbone)
+    hybrid = HybridLM(backbone, trained, layer, sink_passthrough=not no_sink_passthrough, steps=steps)
+    prompt_ids = None
+    if prompt:
+        prompt_ids = backbone.tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    ids = hybrid.generate(count, max_new_tokens, prompt_ids=prompt_ids, temperature=temperature, top_p=top_p,
+                          seed=seed, batch_size=count)
+    for i, text in enumerate(backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+        click.echo(f"--- sample {i} (DiHAL ℓ={layer}, {backbone.name}) ---\n{prompt or ''}{text}")
+
+
+@cli.group(cls=CommandGroup)
+def baseline():
+    """Train and sample the baselines (diffusion-lm, sed, ld4lg, codar, ar-backbone)."""
+
+
+@baseline.command("train")
+@click.argument("name")
+@_training_options
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE", help="A baseline option, e.g. embed_dim=32.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Checkpoint folder (default runs/baselines/NAME).")
+def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, quiet, options, out_dir):
+    """Train baseline NAME under the matched budget; prints its parameter table."""
+    from tabulate import tabulate
+
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.bridge_training import packed_split, training_subset
+    from dihal_bench.corpus import load_corpus
+    from dihal_bench.plugins import get_registry
+    from dihal_bench.protocol import matched_budget
+    from dihal_bench.suite import parse_value
+
+    cls = get_registry().get("baseline", name).obj
+    out = Path(out_dir or Path("runs") / "baselines" / name)
+    config, _ = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name, out)
+    backbone = load_backbone(backbone_name)
+    budget = matched_budget(config, seed, backbone.width)  # the allowance: the suite's DiHAL bridge
+    model = cls(backbone, budget, seed, **{k: parse_value(v) for k, v in parse_assignments(options, "--option").items()})
+    sequences = training_subset(packed_split(backbone, load_corpus(corpus_name), "train", budget.seq_len),
+                                [model.budget], seed)
+    result = model.fit(sequences, checkpoint_dir=out / "checkpoint", progress=not quiet)
+    model.save(out / "model")
+    counts = model.parameter_counts()
+    rows = [[part, f"{n:,}"] for part, n in counts.items()] + [["total", f"{sum(counts.values()):,}"]]
+    click.echo(tabulate(rows, headers=[name, "trainable parameters"]))
+    allowance = model.budget.param_allowance
+    click.echo(f"allowance {allowance:,} (±{model.budget.allowance_tolerance:.0%}); {result.steps_done} steps, "
+               f"{result.tokens_seen:,} tokens, {result.wall_seconds:.0f}s" if model.in_budget
+               else f"{name} trains nothing (reference outside the budget)")
+    click.echo(f"wrote {out / 'model'}")
+
+
+@baseline.command("sample")
+@click.argument("name")
+@click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)
+@click.option("--from", "out_dir", type=click.Path(file_okay=False), help="Trained folder (default runs/baselines/NAME).")
+@click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
+def baseline_sample(name, backbone_name, out_dir, count, seq_len, seed):
+    """Print samples from a trained baseline NAME."""
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.baseline import CONFIG_FILE, read_config
+    from dihal_bench.budget import Budget
+    from dihal_bench.plugins import get_registry
+    from dihal_bench.preflight import check_backbone_name
+
+    cls = get_registry().get("baseline", name).obj
+    folder = Path(out_dir or Path("runs") / "baselines" / name) / "model"
+    if not (folder / CONFIG_FILE).is_file():
+        raise DihalError(f"no trained {name} in {folder}; run `dihal-bench baseline train {name}` first")
+    saved = read_config(folder)
+    try:
+        budget, seed_trained, options = Budget.from_dict(saved["budget"]), saved["seed"], saved["options"]
+    except (KeyError, TypeError) as exc:
+        raise DihalError(f"{folder / CONFIG_FILE} is damaged ({type(exc).__name__}: {exc})") from None
+    check_backbone_name(backbone_name, "--backbone")
+    backbone = load_backbone(backbone_name)
+    model = cls(backbone, budget, seed_trained, **options)
+    model.load(folder)
+    ids = model.sample(count, seq_len, seed, batch_size=count)
+    for i, text in enumerate(backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)):
+        click.echo(f"--- {name} sample {i} ---\n{text}")

@@ -1,0 +1,278 @@
+"""Run records in, flat rows out: every (record, seed) pair of a (suite, backbone, evaluator)
+group as one row per method, swept layer, proxy and locate layer.
+
+`dihal_bench.records.load_record` checks each record against the v2 schema (and migrates a v1
+record); what is read here is what the schema leaves open: names that must be non-empty,
+numbers that key rows, and values that may be missing (a method without latency, a metric
+that measured nothing), which become NaN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dihal_bench.errors import DihalError
+from dihal_bench.records import RECORD_FORMAT, load_record, slug
+
+#: What every run record's format tag starts with, whatever its version: a file tagged so is
+#: ours, and one this version cannot read is an error rather than a file quietly left out.
+RUN_RECORD_FORMAT_PREFIX = RECORD_FORMAT.rsplit("/", 1)[0] + "/"
+
+#: Method values that every method has, besides its metrics: key -> (section, key) in the record.
+METHOD_CORE_VALUES = {
+    "latency_ms_per_token": ("latency", "batch1_ms_per_token"),
+    "latency_ratio": ("latency", "batch1_ratio_to_backbone"),
+    "steps": ("train", "steps"),
+    "tokens_seen": ("train", "tokens_seen"),
+}
+#: Keys of a method row that are not values to average.
+METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer")
+#: Per-layer values of the sweep (core: the runner writes them for every swept layer).
+SWEEP_KEYS = ("bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl")
+#: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.stats' output).
+CORRELATION_KEYS = ("spearman", "spearman_low", "spearman_high", "kendall", "kendall_low", "kendall_high")
+#: Keys of the layer and z-score rows besides the proxies': a proxy may not take one.
+LAYER_ROW_KEYS = {"record", "seed", "layer", "chosen", "score", *SWEEP_KEYS}
+#: The kinds of flat rows a record is read into.
+ROW_KINDS = ("methods", "layers", "proxies", "z")
+
+
+@dataclass
+class Group:
+    """The pooled (record, seed) pairs of one (suite, backbone, evaluator)."""
+
+    suite: str
+    backbone: str
+    evaluator: str
+    corpora: set[str] = field(default_factory=set)
+    sources: dict[str, list[int]] = field(default_factory=dict)  # record file name -> its seeds
+    rows: dict[str, list[dict]] = field(default_factory=lambda: {kind: [] for kind in ROW_KINDS})
+    #: metric name -> its description in the records (``higher_is_better``, ``display_name``,
+    #: ``description``, ``source``), in the order the records list them
+    metrics: dict[str, dict] = field(default_factory=dict)
+    #: (metric, warning text) -> the methods whose records carry that ``<metric>_warning``
+    warnings: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    #: method -> its first stored example samples (``samples.examples``) and where they come from
+    samples: dict[str, tuple[list[str], str]] = field(default_factory=dict)
+    #: why some seeds have no rank correlations (under the proxies table)
+    notes: list[str] = field(default_factory=list)
+    #: where the records disagree on a metric (under the methods table)
+    metric_notes: list[str] = field(default_factory=list)
+    folder: str = ""  # set by `assign_folders` once every group is known
+
+    @property
+    def title(self) -> str:
+        return f"{self.suite} · backbone {self.backbone} · evaluator {self.evaluator}"
+
+    @property
+    def seeds(self) -> int:
+        """How many (record, seed) pairs the group pools: the n of a value every pair has."""
+        return sum(len(seeds) for seeds in self.sources.values())
+
+    def add(self, record: dict, source: str) -> None:
+        """Pool one record (as `load_record` returns it) into the group."""
+        rows, seeds, notes = record_rows(record, source)
+        self.corpora.add(record["corpus"])
+        self.sources[source] = seeds
+        for kind, new in rows.items():
+            self.rows[kind] += new
+        self._add_metrics(record["metrics"], source)
+        for entry in record["per_seed"]:
+            for name, method in entry["methods"].items():
+                for metric in record["metrics"]:
+                    warning = method["metrics"].get(f"{metric}_warning")
+                    if isinstance(warning, str) and warning:
+                        warned = self.warnings.setdefault((metric, warning), [])
+                        if name not in warned:
+                            warned.append(name)
+                examples = method["samples"].get("examples")
+                if examples and name not in self.samples:
+                    self.samples[name] = ([str(text) for text in examples], f"seed {entry['seed']} of {source}")
+        self.notes += [note for note in notes if note not in self.notes]
+
+    def _add_metrics(self, metrics: dict[str, dict], source: str) -> None:
+        for name, description in metrics.items():
+            known = self.metrics.setdefault(name, dict(description))
+            # Records made with different versions of a plugin may disagree; an arrow either
+            # way would rank the methods of one record backwards, so the column gets none.
+            if known["higher_is_better"] != description["higher_is_better"] and known["higher_is_better"] is not None:
+                known["higher_is_better"] = None
+                self.metric_notes.append(f"The records disagree on whether a higher {name} is better "
+                                         f"({source} says {description['higher_is_better']}): its column has no arrow.")
+
+
+def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
+    """Every run record in ``results_dir`` (``*.json``), grouped.
+
+    A JSON object of another format (another tool's output) is skipped with a warning naming
+    it. A file that should be a run record and cannot be read as one (unreadable, not JSON or
+    truncated, not a JSON object, off the record schema) raises a DihalError naming it: a
+    leaderboard quietly built without it would misstate the results.
+    """
+    if not results_dir.is_dir():
+        raise DihalError(f"no run records in {results_dir}: the folder does not exist")
+    groups: dict[tuple[str, str, str], Group] = {}
+    for path in sorted(results_dir.glob("*.json")):
+        found = _json_object(path).get("format")
+        if not (isinstance(found, str) and found.startswith(RUN_RECORD_FORMAT_PREFIX)):
+            warn(f"skipping {path}: not a dihal-bench run record (format {found!r}, expected {RECORD_FORMAT!r})")
+            continue
+        record = load_record(path)
+        # a file name that is not UTF-8 comes as surrogate escapes: shown with U+FFFD instead
+        source = path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        try:
+            key = tuple(_name(record[part], part) for part in ("suite", "backbone", "evaluator"))
+            group = groups.setdefault(key, Group(*key))
+            group.add(record, source)
+        except KeyError as exc:
+            raise DihalError(f"run record {path} is malformed: missing field {one_line(exc)}") from None
+        except (IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise DihalError(f"run record {path} is malformed ({type(exc).__name__}: {one_line(exc)})") from None
+    if not groups:
+        raise DihalError(f"no run records in {results_dir}")
+    ordered = [groups[key] for key in sorted(groups)]
+    assign_folders(ordered)
+    return ordered
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``, read only to see its format tag; DihalError when it is none."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise DihalError(f"run record {path} is not readable JSON ({one_line(exc)})") from None
+    if not isinstance(record, dict):
+        raise DihalError(f"run record {path} is not a JSON object but a JSON {type(record).__name__}")
+    try:  # JSON may spell lone UTF-16 surrogates, which no output file can encode
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DihalError(f"run record {path} holds text that is not valid Unicode (a lone surrogate)") from None
+    return record
+
+
+def _name(value, what: str) -> str:
+    """A name a record gives (suite, backbone, evaluator): a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{what!r} must be a non-empty string, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _integer(value, what: str) -> int:
+    """A seed or layer number. Strictly an int (the schema's "integer" also takes 3.0): these
+    key the rows, and a 3.0 would print as a different layer than 3."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an integer, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+def _number(value) -> float:
+    """A record value as a float; NaN for anything that is not a number (None, text, bool)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return math.nan
+
+
+def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[int], list[str]]:
+    """One record as flat rows, one per (seed, method), (seed, layer), (seed, proxy) and
+    (seed, locate layer), each tagged with the record's file name and the seed; plus the
+    record's seeds and its notes (why a seed has no rank correlations)."""
+    rows: dict[str, list[dict]] = {kind: [] for kind in ROW_KINDS}
+    seeds, notes = [], []
+    metrics = list(record["metrics"])
+    for entry in record["per_seed"]:
+        seed = _integer(entry["seed"], "seed")
+        seeds.append(seed)
+        tag = {"record": source, "seed": seed}
+        rows["methods"] += [{**tag, "method": name, **method_values(method, metrics)}
+                            for name, method in entry["methods"].items()]
+        layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
+        rows["layers"] += [{**tag, **row} for row in layers]
+        rows["z"] += [{**tag, **row} for row in z]
+        for name, values in entry["sweep"]["correlations"].items():
+            if isinstance(values, dict):
+                estimates = {key: _number(values.get(key)) for key in CORRELATION_KEYS}
+                rows["proxies"].append({**tag, "proxy": name, **estimates, "swept_layers": _number(values.get("n"))})
+            else:  # {"warning": why there are none}
+                notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
+    return rows, seeds, notes
+
+
+def method_values(method: dict, metrics: list[str]) -> dict:
+    """A method's row: its labels, each metric's value and the count it was computed on (side
+    value ``<metric>_n``, as ``<metric>_samples``), latency, training and lm-eval results."""
+    layer = method.get("layer")
+    values = {"kind": method["kind"], "in_budget": method["in_budget"],
+              "layer": None if layer is None else _integer(layer, "method layer")}
+    taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params"}
+    for metric in metrics:
+        for key in (metric, f"{metric}_samples"):
+            if key in taken:
+                raise ValueError(f"metric name {metric!r} is taken by a methods table column ({key!r})")
+            taken.add(key)
+        values[metric] = _number(method["metrics"].get(metric))
+        count = _number(method["metrics"].get(f"{metric}_n"))
+        if not math.isnan(count):  # a column only where some metric reports its count
+            values[f"{metric}_samples"] = count
+    for key, (section, name) in METHOD_CORE_VALUES.items():
+        values[key] = _number((method.get(section) or {}).get(name))  # a reference method has no latency ratio
+    values["trainable_params"] = float(sum(method["parameters"].values()))
+    for task, results in (method.get("lm_eval") or {}).items():
+        for metric, value in results.items():
+            if not math.isnan(_number(value)):  # numbers only: lm-eval also reports aliases
+                values[f"lm_eval/{task}/{metric}"] = _number(value)
+    return values
+
+
+def layer_values(locate: dict, sweep_rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Rows of the layer table (swept layers and ℓ*) and of the z-score plot (every layer)."""
+    index = {_integer(layer, "locate layer"): i for i, layer in enumerate(locate["layers"])}
+    proxies = locate["proxies"]
+    clashing = LAYER_ROW_KEYS.intersection(proxies)
+    if clashing:
+        raise ValueError(f"proxy name {min(clashing)!r} is taken by a layer table column")
+    swept = {_integer(row["layer"], "sweep layer"): row for row in sweep_rows}
+    chosen = _integer(locate["chosen_layer"], "chosen_layer")
+    layers = []
+    for layer in sorted(set(swept) | {chosen}):
+        i = index.get(layer)
+        row = {"layer": layer, "chosen": layer == chosen}
+        for name, proxy in proxies.items():
+            row[name] = _number(proxy["values"][i]) if i is not None else math.nan
+        row["score"] = _number(locate["score"][i]) if i is not None else math.nan
+        row.update({key: _number(swept.get(layer, {}).get(key)) for key in SWEEP_KEYS})
+        layers.append(row)
+    z = [{"layer": layer, "score": _number(locate["score"][i]),
+          **{name: _number(proxy["z"][i]) for name, proxy in proxies.items()}}
+         for layer, i in index.items()]
+    return layers, z
+
+
+#: Line breaks (\n, \r, U+2028, ...) and every other control character. Folded to spaces in
+#: all text output: a name from a record must not end a Markdown table row or a LaTeX comment.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text) -> str:
+    """``str(text)`` with every line break and control character replaced by a space."""
+    return _CONTROL.sub(" ", str(text))
+
+
+def assign_folders(groups: list[Group]) -> None:
+    """Give each group its output folder: the slugs of its suite, backbone and evaluator
+    joined by ``-``. Groups whose folders would coincide (slugs lose characters and length,
+    the joining ``-`` is ambiguous, and some file systems ignore case) all get a digest of
+    their three names appended, so that no group's files overwrite another's."""
+    plain = ["-".join(slug(part) for part in (g.suite, g.backbone, g.evaluator)) for g in groups]
+    taken = Counter(folder.casefold() for folder in plain)
+    for group, folder in zip(groups, plain):
+        if taken[folder.casefold()] > 1:
+            names = json.dumps([group.suite, group.backbone, group.evaluator])  # ASCII: non-ASCII is \u-escaped
+            folder = f"{folder}-{hashlib.sha256(names.encode('ascii')).hexdigest()[:8]}"
+        group.folder = folder

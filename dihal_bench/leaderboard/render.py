@@ -1,0 +1,258 @@
+"""Tables as Markdown, CSV, HTML and LaTeX.
+
+Names in a record (suite, backbone, evaluator, corpus, method, proxy and metric names, the
+record's own file name) are data, not markup: every format escapes them (`markdown_text`,
+`latex_text`, `html.escape`, CSV quoting), and folder names are built from them only
+through `dihal_bench.records.slug`.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+import re
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from dihal_bench.leaderboard.aggregate import Column, Table
+from dihal_bench.leaderboard.read import Group, one_line
+
+#: Output format -> file suffix.
+FORMAT_SUFFIXES = {"md": ".md", "csv": ".csv", "html": ".html", "latex": ".tex"}
+
+CELL_NOTE = "Each cell: mean ± sample standard deviation (ddof=1) over n pooled (record, seed) pairs."
+
+
+# --- names as data --------------------------------------------------------------------------
+
+
+def markdown_text(text) -> str:
+    """``text`` inert in Markdown, table cells included: one line, HTML's ``& < >`` as
+    entities (Markdown passes raw HTML through), and ``\\`` and ``|`` backslash-escaped (GFM
+    splits a table row at every unescaped pipe; the backslash first, so that a name's own
+    trailing backslash cannot un-escape the pipe after it)."""
+    return html.escape(one_line(text), quote=False).replace("\\", "\\\\").replace("|", "\\|")
+
+
+#: Unicode in cells and headers -> LaTeX (text mode).
+LATEX_SYMBOLS = {"±": r"$\pm$", "ℓ": r"$\ell$", "∈": r"$\in$", "ρ": r"$\rho$", "τ": r"$\tau$",
+                 "↓": r"$\downarrow$", "↑": r"$\uparrow$", "²": r"$^2$", "—": "---"}
+#: LaTeX's special characters, as text; < > | too, which the default OT1 encoding would
+#: typeset as other glyphs.
+LATEX_SPECIALS = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
+                  "^": r"\textasciicircum{}", "_": r"\_", "%": r"\%", "~": r"\textasciitilde{}",
+                  "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+# One translation table, applied in one pass: the replacements are never escaped again.
+_LATEX_TRANSLATION = str.maketrans(LATEX_SPECIALS | LATEX_SYMBOLS)
+
+
+def latex_text(text) -> str:
+    """``text`` as inert LaTeX text: one line, every special character escaped."""
+    return one_line(text).translate(_LATEX_TRANSLATION)
+
+
+# --- numbers --------------------------------------------------------------------------------
+
+
+def _exponent(x: float) -> int:
+    return math.floor(math.log10(abs(x))) if x else 0
+
+
+def format_number(x: float) -> str:
+    """Four significant figures (whole numbers in full), scientific notation outside [1e-3, 1e6)."""
+    if x == 0 or 1e-3 <= abs(x) < 1e6:
+        return f"{x:.{max(0, 3 - _exponent(x))}f}"
+    return f"{x:.3e}"
+
+
+def format_mean_std(mean: float, std: float) -> str:
+    """``mean ± std`` with the std to two significant figures and the mean to the same digit
+    (capped at six decimals); a lone value (std undefined) to four significant figures."""
+    if not (math.isfinite(std) and math.isfinite(mean)):
+        return format_number(mean)
+    if std == 0:
+        return f"{format_number(mean)} ± 0"
+    if mean == 0 or 1e-3 <= abs(mean) < 1e6:
+        decimals = min(max(0, 1 - _exponent(std)), 6)
+        return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+    decimals = min(max(0, _exponent(mean) - _exponent(std) + 1), 5)
+    return f"{mean:.{decimals}e} ± {std:.1e}"
+
+
+def format_cell(mean: float, std: float, n: int, *, count: bool = False, usual: int | None = None) -> str:
+    """``mean ± std (n=k seeds)``; a count that does not vary is shown as the bare integer.
+    With ``usual`` (the n the table states once), n is shown only where it differs."""
+    if n == 0:
+        return "—"
+    if count and (n == 1 or std == 0):
+        return f"{mean:,.0f}"
+    if n == usual:
+        return format_mean_std(mean, std)
+    return f"{format_mean_std(mean, std)} (n={n} seed{'s' if n != 1 else ''})"
+
+
+def _interval(low: float, high: float) -> str:
+    return "—" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
+
+
+def cell(table: Table, column: Column, row: int, *, usual: int | None = None) -> str:
+    """The text of one cell; with ``usual``, n only where it differs from it."""
+    if column.kind == "text":
+        return table.labels[column.key][row]
+    values = table.numbers.iloc[row]
+    if column.kind == "interval":
+        return _interval(values[f"{column.key}_low_mean"], values[f"{column.key}_high_mean"])
+    return format_cell(values[f"{column.key}_mean"], values[f"{column.key}_std"], int(values[f"{column.key}_n"]),
+                       count=column.kind == "count", usual=usual)
+
+
+def sort_key(table: Table, column: Column, row: int) -> str | None:
+    """What a click on the column's header sorts the row by: its mean (the lower bound of
+    an interval); "" when it has none; None for text, which sorts by what it shows."""
+    if column.kind == "text":
+        return None
+    key = f"{column.key}_low_mean" if column.kind == "interval" else f"{column.key}_mean"
+    value = table.numbers.iloc[row][key]
+    return "" if math.isnan(value) else repr(float(value))
+
+
+def cells(table: Table, columns: Sequence[Column] | None = None, *, usual: int | None = None) -> pd.DataFrame:
+    """The table as text cells under display headers."""
+    columns = table.columns if columns is None else columns
+    return pd.DataFrame([[cell(table, column, row, usual=usual) for column in columns]
+                         for row in range(len(table.numbers))], columns=[column.header for column in columns])
+
+
+def _escaped(frame: pd.DataFrame, escape: Callable[[object], str]) -> pd.DataFrame:
+    """A copy of a table of text cells with every cell and header passed through ``escape``."""
+    return pd.DataFrame([[escape(value) for value in row] for row in frame.itertuples(index=False, name=None)],
+                        columns=[escape(column) for column in frame.columns])
+
+
+# --- formats --------------------------------------------------------------------------------
+
+
+def provenance(sources: dict[str, list[int]]) -> str:
+    """The line that traces a table's numbers back to their run records."""
+    seeds = sum(len(s) for s in sources.values())
+    listed = "; ".join(f"{name} (seed{'s' if len(s) != 1 else ''} {', '.join(map(str, s))})"
+                       for name, s in sources.items())
+    return (f"Built from {len(sources)} run record{'s' if len(sources) != 1 else ''} "
+            f"({seeds} seed{'s' if seeds != 1 else ''}): {listed}.")
+
+
+def note(table: Table) -> str:
+    """The table's note, after what a cell means where it has numbers."""
+    pooled = any(column.kind != "text" for column in table.columns)
+    return f"{CELL_NOTE} {table.note}" if pooled else table.note
+
+
+def render_markdown(table: Table, group: Group) -> str:
+    body = _escaped(cells(table), markdown_text).to_markdown(index=False, disable_numparse=True)
+    return (f"{markdown_text(provenance(group.sources))}\n\n# {markdown_text(f'{table.title}: {group.title}')}\n\n"
+            f"{markdown_text(note(table))}\n\n{body}\n")
+
+
+def render_csv(table: Table, group: Group) -> str:
+    # Every text field quoted: pandas' default (minimal) quoting leaves a bare \r unquoted
+    # when lines end in \n, and a CSV reader then splits the row there.
+    return table.numbers.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
+
+
+#: Names break only between words, after ``_`` and ``/``, and inside a longer run than this.
+LONGEST_UNBROKEN = 12
+
+
+def breakable(text: str) -> str:
+    """``text`` as HTML that wraps at spaces and at ``<wbr>`` marks after ``_`` and ``/`` and
+    every LONGEST_UNBROKEN characters of a longer word: a table column is as narrow as its
+    longest unbreakable piece, so a long name must not be one."""
+    words = []
+    for word in re.split(r"(\s+)", text):
+        pieces = re.findall(r"[^_/]*[_/]|[^_/]+", word) if len(word) > LONGEST_UNBROKEN else [word]
+        chunks = [piece[i:i + LONGEST_UNBROKEN] for piece in pieces for i in range(0, len(piece), LONGEST_UNBROKEN)]
+        words.append("<wbr>".join(html.escape(chunk) for chunk in chunks))
+    return "".join(words)
+
+
+def html_table(table: Table, columns: Sequence[Column], *, usual: int | None = None, sortable: bool = False,
+               whole_values: bool = False) -> str:
+    """``columns`` of ``table`` as an HTML table; sortable ones carry each cell's sort key, and
+    with ``whole_values`` no line breaks inside a ``mean ± std``."""
+    kinds = [' class="text"' if column.kind == "text" else "" for column in columns]
+    head = "".join(f'<th scope="col"{kind}{_title(column.description)}>{breakable(column.header)}</th>'
+                   for column, kind in zip(columns, kinds))
+    rows = []
+    for row in range(len(table.numbers)):
+        tds = []
+        for column, kind in zip(columns, kinds):
+            key = sort_key(table, column, row) if sortable else None
+            attributes = kind + (f' data-sort="{key}"' if key is not None else "")
+            text = cell(table, column, row, usual=usual)
+            shown = breakable(text) if kind else html.escape(text)
+            if whole_values and not kind:
+                shown = shown.replace(" ± ", "&nbsp;±&nbsp;")
+            tds.append(f"<td{attributes}>{shown}</td>")
+        rows.append(f"<tr>{''.join(tds)}</tr>")
+    classes = "leaderboard sortable" if sortable else "leaderboard"
+    return (f'<table class="{classes}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n' + "\n".join(rows)
+            + "\n</tbody>\n</table>\n")
+
+
+def _title(text: str) -> str:
+    return f' title="{html.escape(one_line(text))}"' if text else ""
+
+
+TABLE_STYLE = """
+body { font-family: sans-serif; max-width: 80rem; margin: 2rem auto; padding: 0 1rem; color: #222; }
+table.leaderboard { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }
+table.leaderboard th, table.leaderboard td { border-bottom: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
+table.leaderboard .text { text-align: left; }
+p.note { color: #555; font-size: 0.9rem; }
+"""
+
+
+def html_document(title: str, body: str, style: str, script: str = "") -> str:
+    """A self-contained page: inline style (and the inline ``script``, if any), nothing
+    fetched from elsewhere."""
+    script = f"<script>{script}</script>\n" if script else ""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
+            f"{body}{script}</body>\n</html>\n")
+
+
+def render_html(table: Table, group: Group) -> str:
+    title = f"{table.title}: {group.title}"
+    body = (f"<p>{html.escape(provenance(group.sources))}</p>\n<h1>{html.escape(title)}</h1>\n"
+            f"<p class=\"note\">{html.escape(note(table))}</p>\n"
+            f"{html_table(table, table.columns)}")
+    return html_document(title, body, TABLE_STYLE)
+
+
+def render_latex(table: Table, group: Group) -> str:
+    body = _escaped(cells(table), latex_text).to_latex(index=False, escape=False)
+    # A comment runs to the end of its line, so it only needs to stay on one line.
+    return f"% {one_line(provenance(group.sources))}\n% {one_line(f'{table.title}: {group.title}')}\n{body}"
+
+
+#: Format -> renderer of one table.
+TABLE_RENDERERS: dict[str, Callable[[Table, Group], str]] = {
+    "md": render_markdown, "csv": render_csv, "html": render_html, "latex": render_latex,
+}
+
+
+def render_index(groups: list[Group], files: dict[str, bytes]) -> str:
+    """``index.md``: one row per group with links to its Markdown tables and plots."""
+    lines = ["# dihal-bench leaderboards", "",
+             "| Suite | Backbone | Evaluator | Corpus | Records | Seeds | Files |",
+             "|---|---|---|---|---|---|---|"]
+    for group in groups:
+        links = ", ".join(f"[{path.rsplit('/', 1)[1]}]({path})" for path in files
+                          if path.startswith(f"{group.folder}/") and path.endswith((".md", ".png")))
+        row = (group.suite, group.backbone, group.evaluator, ", ".join(sorted(group.corpora)),
+               ", ".join(group.sources), group.seeds)
+        lines.append(f"| {' | '.join(markdown_text(value) for value in row)} | {links} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,34 @@
+"""One path from a resolved suite to what a training command needs: the budget of a section
+(``budget`` or ``sweep.budget``) for a seed, the bridge spec, and the matched parameter allowance.
+
+``dihal-bench run`` and every single-stage command (``sweep``, ``bridge train``, ``baseline
+train``) go through these functions, so a suite means the same protocol everywhere.
+"""
+
+from __future__ import annotations
+
+from dihal_bench.bridge_training import BridgeSpec
+from dihal_bench.budget import Budget
+
+
+def section_budget(config: dict, section: str, seed: int) -> Budget:
+    """The Budget of ``section`` ("budget" or "sweep.budget") of a resolved suite, for ``seed``."""
+    table = config["budget"] if section == "budget" else config["sweep"]["budget"]
+    return Budget.from_dict({**table, "seed": seed}, section=section)
+
+
+def bridge_spec(config: dict, section: str, seed: int) -> BridgeSpec:
+    """The suite's bridge (name, options, sampling) trained under the budget of ``section``."""
+    bridge = config["bridge"]
+    return BridgeSpec(name=bridge["name"], options=dict(bridge["options"]),
+                      budget=section_budget(config, section, seed),
+                      sample_steps=bridge["sample_steps"], sink_passthrough=bridge["sink_passthrough"])
+
+
+def matched_budget(config: dict, seed: int, width: int) -> Budget:
+    """The one budget every method trains under: the suite's ``budget`` whose parameter
+    allowance, unless the suite sets one, is the size of the suite's DiHAL bridge at ``width``."""
+    budget = section_budget(config, "budget", seed)
+    if budget.param_allowance is None:
+        budget = budget.replace(param_allowance=bridge_spec(config, "budget", seed).parameter_count(width))
+    return budget

@@ -1,0 +1,198 @@
+"""Rank statistics over layers: Spearman and Kendall with bootstrap intervals as scipy computes
+them, permutation p-values equal to a count over every ordering written out here, and partial
+Spearman against the textbook formula and on data where z explains all of x and y's association."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from dihal_bench.stats import (
+    EXACT_MAX_N,
+    partial_spearman,
+    permutation_p_values,
+    rank_correlations,
+)
+
+
+def noisy_pairs() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(4)
+    x = np.arange(12, dtype=float)
+    return x, x + rng.normal(scale=3.0, size=12)
+
+
+# -- correlations and bootstrap intervals --------------------------------------------------
+
+
+def test_rank_correlations_match_scipy_and_intervals_contain_them():
+    x, y = noisy_pairs()
+    result = rank_correlations(x, y, n_boot=300, seed=0)
+
+    assert result["spearman"] == pytest.approx(scipy.stats.spearmanr(x, y).statistic)
+    assert result["kendall"] == pytest.approx(scipy.stats.kendalltau(x, y).statistic)
+    assert 0.3 < result["spearman"] < 1.0  # noisy but positive: a non-trivial check
+    assert result["spearman_low"] <= result["spearman"] <= result["spearman_high"]
+    assert result["kendall_low"] <= result["kendall"] <= result["kendall_high"]
+    assert result["spearman_high"] - result["spearman_low"] > 0.05
+    assert result["n"] == 12 and result["n_boot"] == 300 and result["n_boot_valid"] == 300
+
+
+def test_rank_correlations_are_reproducible_for_a_seed():
+    x, y = noisy_pairs()
+    first = rank_correlations(x, y, n_boot=200, seed=7)
+    assert rank_correlations(x, y, n_boot=200, seed=7) == first
+    other = rank_correlations(x, y, n_boot=200, seed=8)
+    assert other["spearman_low"] != first["spearman_low"]
+    assert other["spearman_p"] != first["spearman_p"]  # 12 pairs: Monte-Carlo p-values, seeded
+
+
+def test_bootstrap_and_permutations_draw_from_separate_streams():
+    x, y = noisy_pairs()
+    short, long = rank_correlations(x, y, n_boot=50, n_perm=300), rank_correlations(x, y, n_boot=400, n_perm=300)
+    assert (short["spearman_p"], short["kendall_p"]) == (long["spearman_p"], long["kendall_p"])
+    few, many = rank_correlations(x, y, n_boot=200, n_perm=50), rank_correlations(x, y, n_boot=200, n_perm=500)
+    assert (few["spearman_low"], few["kendall_high"]) == (many["spearman_low"], many["kendall_high"])
+    assert (few["n_perm"], many["n_perm"]) == (50, 500)
+
+
+def test_rank_correlations_skip_constant_resamples():
+    # With 3 points, a resample is constant with probability 3/27: some are skipped.
+    result = rank_correlations([1.0, 2.0, 3.0], [1.0, 3.0, 2.0], n_boot=200, seed=0)
+    assert 150 < result["n_boot_valid"] < 200
+
+
+def test_rank_correlations_undefined_cases():
+    constant = rank_correlations([1, 2, 3, 4], [5, 5, 5, 5])
+    assert constant["spearman"] is None and constant["spearman_p"] is None and "constant" in constant["warning"]
+    two = rank_correlations([1, 2], [2, 1])
+    assert two["kendall"] is None and two["kendall_p"] is None
+    with pytest.raises(ValueError):
+        rank_correlations([1, 2, 3], [1, 2])
+
+
+# -- permutation p-values ------------------------------------------------------------------
+
+
+def enumerated_p_values(x, y) -> tuple[float, float]:
+    """The two-sided permutation p-values by brute force: scipy's ρ and τ-b of every ordering
+    of y, counted where |statistic| reaches the observed one. Over at most 5 points the distinct
+    values of either statistic are ratios of small integers (or of their square roots, with
+    ties) and lie far more than 1e-9 apart, so that margin absorbs rounding without merging two."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    observed = abs(scipy.stats.spearmanr(x, y).statistic), abs(scipy.stats.kendalltau(x, y).statistic)
+    orderings = list(itertools.permutations(range(len(y))))
+    rhos = [abs(scipy.stats.spearmanr(x, y[list(o)]).statistic) for o in orderings]
+    taus = [abs(scipy.stats.kendalltau(x, y[list(o)]).statistic) for o in orderings]
+    return (sum(r >= observed[0] - 1e-9 for r in rhos) / len(orderings),
+            sum(t >= observed[1] - 1e-9 for t in taus) / len(orderings))
+
+
+@pytest.mark.parametrize("x, y", [
+    ([1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 2.0, 4.0]),
+    ([0.5, 0.1, 0.9, 0.3], [2.0, 1.0, 0.0, 3.0]),
+    ([1.0, 2.0, 2.0, 3.0], [3.0, 1.0, 2.0, 2.0]),  # ties on both sides
+    ([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 1.0, 4.0, 3.0, 5.0]),  # ρ's p 16/120, τ's 28/120
+    ([0.3, 0.1, 0.5, 0.2, 0.4], [1.0, 3.0, 2.0, 5.0, 4.0]),
+    ([1.0, 2.0, 2.0, 3.0, 4.0], [4.0, 1.0, 3.0, 3.0, 2.0]),
+])
+def test_exact_p_values_count_every_ordering(x, y):
+    result = rank_correlations(x, y, n_boot=10)
+    assert result["p_exact"] is True and result["n_perm"] == math.factorial(len(x))
+    spearman_p, kendall_p = enumerated_p_values(x, y)
+    # both are k/n! computed from integers: equal, not merely close
+    assert result["spearman_p"] == spearman_p
+    assert result["kendall_p"] == kendall_p
+
+
+def test_exact_kendall_p_is_scipys_exact_test():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=EXACT_MAX_N), rng.normal(size=EXACT_MAX_N)
+    spearman_p, kendall_p, count = permutation_p_values(x, x + y)
+    assert count == math.factorial(EXACT_MAX_N)
+    assert kendall_p == pytest.approx(scipy.stats.kendalltau(x, x + y, method="exact").pvalue, rel=1e-12)
+    assert 0 < spearman_p < 1
+
+
+def test_a_perfect_order_reaches_only_itself_and_its_reverse():
+    # exact: the identity and the reversal are the two orderings with |ρ| = |τ| = 1
+    exact = rank_correlations(range(EXACT_MAX_N), range(EXACT_MAX_N), n_boot=10)
+    assert exact["spearman_p"] == exact["kendall_p"] == 2 / math.factorial(EXACT_MAX_N)
+    # Monte Carlo: no draw of 12! = 4.8e8 orderings hits either, so only the observed one counts
+    n = EXACT_MAX_N + 4
+    sampled = rank_correlations(range(n), range(n, 0, -1), n_boot=10, n_perm=2000)
+    assert sampled["p_exact"] is False and sampled["n_perm"] == 2000
+    assert sampled["spearman_p"] == sampled["kendall_p"] == 1 / 2001
+
+
+def test_monte_carlo_p_values_estimate_the_exact_ones():
+    """Beyond EXACT_MAX_N the p-value is a mean over n_perm draws: within 5 binomial standard
+    errors (sqrt(p(1-p)/n_perm) <= 0.005 for 10000 draws) of scipy's exact Kendall p-value."""
+    rng = np.random.default_rng(2)
+    n = EXACT_MAX_N + 3
+    x = rng.normal(size=n)
+    y = x + rng.normal(scale=2.0, size=n)
+    _, kendall_p, count = permutation_p_values(x, y, seed=3, n_perm=10_000)
+    exact = scipy.stats.kendalltau(x, y, method="exact").pvalue
+    assert count == 10_000 and 0.02 < exact < 0.98  # a p-value the draws must actually estimate
+    assert abs(kendall_p - exact) < 5 * math.sqrt(exact * (1 - exact) / 10_000)
+
+
+# -- partial Spearman -------------------------------------------------------------------------
+
+
+def test_partial_spearman_is_the_textbook_formula_on_spearman_correlations():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=40)
+    x, y = z + rng.normal(size=40), 0.5 * z + rng.normal(size=40)
+    rho = {pair: scipy.stats.spearmanr(*pair_values).statistic
+           for pair, pair_values in (("xy", (x, y)), ("xz", (x, z)), ("yz", (y, z)))}
+    expected = (rho["xy"] - rho["xz"] * rho["yz"]) / math.sqrt((1 - rho["xz"] ** 2) * (1 - rho["yz"] ** 2))
+    # the same quantity two ways in float64 over 40 ranks: agreement to ~1e-15, 1e-10 is lenient
+    assert partial_spearman(x, y, z) == pytest.approx(expected, abs=1e-10)
+
+
+def test_partial_spearman_removes_an_association_that_z_explains():
+    """x and y share only z, a level with ties (8 levels of 50): within a level x and y are
+    independent noise. Ranks then split exactly into the level's rank plus a within-level
+    deviation orthogonal to it, so the partial correlation is the pooled correlation of those
+    deviations, computed here directly; it is near 0 (within 4/sqrt(n), four standard errors)
+    although x and y are strongly associated."""
+    rng = np.random.default_rng(6)
+    levels, per_level = 8, 50
+    z = np.repeat(np.arange(levels, dtype=float), per_level)
+    x = 10 * z + rng.uniform(size=z.size)
+    y = 10 * z + rng.uniform(size=z.size)
+    deviations = []
+    for values in (x, y):
+        ranks = scipy.stats.rankdata(values)
+        deviations.append(ranks - np.repeat(ranks.reshape(levels, per_level).mean(axis=1), per_level))
+    pooled = np.corrcoef(*deviations)[0, 1]
+
+    partial = partial_spearman(x, y, z)
+    assert partial == pytest.approx(pooled, abs=1e-10)
+    assert abs(partial) < 4 / math.sqrt(z.size)
+    assert scipy.stats.spearmanr(x, y).statistic > 0.9
+
+
+def test_partial_spearman_keeps_a_direct_association():
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=200)
+    x = z + rng.normal(size=200)
+    assert partial_spearman(x, x + 0.3 * rng.normal(size=200), z) > 0.8
+
+
+def test_partial_spearman_given_a_constant_is_spearman():
+    x, y = noisy_pairs()
+    assert partial_spearman(x, y, np.ones_like(x)) == pytest.approx(scipy.stats.spearmanr(x, y).statistic, abs=1e-12)
+
+
+def test_partial_spearman_undefined_cases():
+    assert partial_spearman([1, 2, 3], [3, 1, 2], [1, 2, 4]) is None  # three points: always ±1
+    z = np.arange(10.0)
+    assert partial_spearman(z ** 3, np.sin(z), z) is None  # x's ranks are z's ranks
+    with pytest.raises(ValueError):
+        partial_spearman([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3])
