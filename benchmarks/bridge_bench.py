@@ -41,7 +41,8 @@ from dihal_bench.bridge_training import (
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.evaluation import teacher_forced_nll
-from dihal_bench.hybrid import HybridLM, intact_control, sample_next_token, skip_control
+from dihal_bench.hybrid import HybridLM, intact_control, skip_control
+from dihal_bench.sampling import sample_next_token
 
 DEFAULT_LAYER = 3
 TARGET_RATIO = 1.2  # hybrid / backbone decode time per token, at K = 8

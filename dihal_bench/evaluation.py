@@ -67,11 +67,19 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
     ``mask`` (n, T) is True (the caller leaves out position 0), ``mse`` is the mean squared
     error per dimension and ``r2`` = 1 − SSE/SST, with SST taken around the per-dimension
     mean of the standardised targets over those same tokens. ``tokens`` counts them.
+
+    ``mse_trace`` is the same error in the metric of locate's ``trace`` preprocessing: the
+    raw error divided by the single scale √(tr Σ / d), Σ the bridge's target covariance
+    (its target std squared, summed), i.e. Σ_j err_j² / Σ_j σ_j² with err_j² the mean
+    squared error of dimension j. ``mse`` weighs every dimension alike (Σ_j err_j²/σ_j²,
+    over d); ``mse_trace`` weighs each by its variance, as the proxies see it, so a
+    channel holding most of the variance dominates it as it dominates them.
     """
     if not mask.any():
         raise DihalError("bridge reconstruction: the mask selects no tokens")
     reference = bridge.target_mean
     sse = torch.zeros((), dtype=torch.float64)
+    raw_sse = torch.zeros((), dtype=torch.float64)
     total = torch.zeros(target.shape[-1], dtype=torch.float64)
     squares = torch.zeros_like(total)
     count = 0
@@ -83,15 +91,21 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
             continue
         sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps)
         # float64 inputs make the standardisation itself run in float64 (the buffers promote)
-        predicted = bridge.standardize_target(sampled[keep].double())
-        actual = bridge.standardize_target(target[rows].to(reference.device)[keep].double())
+        raw_predicted = sampled[keep].double()
+        raw_actual = target[rows].to(reference.device)[keep].double()
+        predicted = bridge.standardize_target(raw_predicted)
+        actual = bridge.standardize_target(raw_actual)
         sse += (predicted - actual).pow(2).sum().cpu()
+        raw_sse += (raw_predicted - raw_actual).pow(2).sum().cpu()
         total += actual.sum(0).cpu()
         squares += actual.pow(2).sum(0).cpu()
         count += int(keep.sum())
     sst = (squares - total.pow(2) / count).sum()
+    # tr Σ of the target; the mean drops out of a difference, so centring changes nothing
+    trace = bridge.target_std.double().pow(2).sum().cpu()
     return {
         "mse": sse.item() / (count * target.shape[-1]),
+        "mse_trace": raw_sse.item() / (count * trace.item()),
         "r2": 1.0 - sse.item() / sst.item() if sst > 0 else float("nan"),
         "tokens": count,
     }

@@ -8,6 +8,11 @@ z-scored across layers and combined as
 which with DiHAL's three proxies and unit weights is z(m_curv) + z(m_mono) − z(k_eff).
 The chosen layer is ℓ* = argmax S, ties going to the shallower layer (the cheaper prefix
 to replace). This module knows nothing about models: it takes tensors and proxy functions.
+
+Scalar (``trace``) preprocessing keeps every hidden dimension at its own weight, so a single
+outlier channel holding most of a layer's variance can decide every proxy at once;
+:func:`top_channel_share` measures that, and ``trace-drop-top`` removes the k
+largest-variance channels before rescaling, to show what the proxies say without them.
 """
 
 from __future__ import annotations
@@ -15,15 +20,18 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
+import scipy.stats
 import torch
 from tqdm import tqdm
 
 from dihal_bench.errors import DihalError, unknown_name
 
-PREPROCESSING_MODES = ("trace", "none", "standardize")
+PREPROCESSING_MODES = ("trace", "none", "standardize", "trace-drop-top")
+#: channels ``trace-drop-top`` removes unless told otherwise
+DROP_TOP_DEFAULT = 4
 
 #: scores this close count as a tie
 TIE_TOLERANCE = 1e-12
@@ -31,13 +39,15 @@ TIE_TOLERANCE = 1e-12
 Proxy = Callable[..., float]
 
 
-def preprocess(hidden: torch.Tensor, mode: str = "trace") -> torch.Tensor:
+def preprocess(hidden: torch.Tensor, mode: str = "trace", drop_top: int = DROP_TOP_DEFAULT) -> torch.Tensor:
     """One layer's (N, d) hidden states, made comparable across layers.
 
     - ``trace``: centre by the mean, divide by the scalar √(tr Σ / d), so the average
       per-dimension variance is 1 and proxies see shape, not the residual stream's norm.
     - ``standardize``: centre, divide each dimension by its own standard deviation
       (dimensions with zero spread are left at 0).
+    - ``trace-drop-top``: remove the ``drop_top`` channels (hidden dimensions) of largest
+      variance (:func:`top_channels`), then ``trace`` on the d − k that remain.
     - ``none``: as given.
 
     Σ is the population covariance (1/N). Statistics are computed in float64; the result
@@ -53,6 +63,11 @@ def preprocess(hidden: torch.Tensor, mode: str = "trace") -> torch.Tensor:
     x = hidden.to(torch.float64)
     x = x - x.mean(dim=0)
     variances = x.square().mean(dim=0)
+    if mode == "trace-drop-top":
+        kept = torch.ones(x.shape[1], dtype=torch.bool)
+        kept[_top_of(variances, drop_top)] = False
+        x, variances = x[:, kept], variances[kept]
+        mode = "trace"
     if mode == "trace":
         mean_variance = variances.mean()
         if mean_variance == 0:
@@ -64,21 +79,79 @@ def preprocess(hidden: torch.Tensor, mode: str = "trace") -> torch.Tensor:
     return x.to(out_dtype)
 
 
+def check_drop_top(k, width: int | None = None) -> int:
+    """``k`` as the number of channels ``trace-drop-top`` removes: an int in [0, width)."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+        raise DihalError(f"drop_top must be a non-negative integer (channels to remove), got {k!r}")
+    if width is not None and k >= width:
+        raise DihalError(f"drop_top={k} would remove every one of the {width} hidden dimensions")
+    return int(k)
+
+
+def channel_variances(hidden: torch.Tensor) -> torch.Tensor:
+    """Population variance of each hidden dimension of (N, d) states, in float64."""
+    if hidden.ndim != 2:
+        raise DihalError(f"hidden states must have shape (N, d), got {tuple(hidden.shape)}")
+    x = hidden.to(torch.float64)
+    return (x - x.mean(dim=0)).square().mean(dim=0)
+
+
+def _top_of(variances: torch.Tensor, k: int) -> torch.Tensor:
+    k = check_drop_top(k, variances.numel())
+    # a stable sort, so equal variances give the lower channel index on every machine
+    return torch.sort(variances, descending=True, stable=True).indices[:k]
+
+
+def top_channels(hidden: torch.Tensor, k: int) -> list[int]:
+    """The ``k`` channels of largest variance, largest first (ties to the lower index):
+    the ones ``trace-drop-top`` removes."""
+    return _top_of(channel_variances(hidden), k).tolist()
+
+
+def top_channel_share(hidden: torch.Tensor) -> tuple[float, int]:
+    """The share of the layer's total variance, max_j Σ_jj / tr Σ, held by its
+    largest-variance channel, and that channel. It is the same before and after ``trace``
+    preprocessing (a scalar rescaling), and is 1/d for isotropic states. Near 1, one
+    channel sets tr Σ, λ_max and every distance, so scalar-preprocessed proxies follow it."""
+    variances = channel_variances(hidden)
+    total = variances.sum()
+    if total == 0:
+        raise DihalError("hidden states are constant: they have no variance to share")
+    channel = int(variances.argmax())  # the first of equal maxima: the lower index
+    return (variances[channel] / total).item(), channel
+
+
 def check_finite(hidden: torch.Tensor, layer: int) -> None:
     if not torch.isfinite(hidden).all():
         raise DihalError(f"layer {layer} has NaN or inf hidden states")
 
 
+#: the proxy parameter that receives the index of the layer being scored (not a constant)
+LAYER_PARAMETER = "layer"
+
+
+def takes_layer(fn: Proxy) -> bool:
+    """Whether ``fn`` has a parameter named ``layer`` after the tensor, to which the harness
+    passes the index of the layer it is scoring."""
+    parameters = list(inspect.signature(fn).parameters.values())[1:]
+    return any(p.name == LAYER_PARAMETER and p.kind is not inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def proxy_params(fn: Proxy, overrides: dict, seed: int, name: str | None = None) -> dict:
     """The keyword constants ``fn`` will be called with: its defaults, updated by
     ``overrides``, with ``seed`` set to the run's seed if ``fn`` takes one (an explicit
-    ``seed`` override wins). The first parameter is the hidden states and is not a constant.
+    ``seed`` override wins). The first parameter is the hidden states and is not a constant;
+    nor is ``layer``, which changes from layer to layer (see :func:`run_proxy`) and so is
+    neither recorded nor overridable.
     """
     name = name or getattr(fn, "__name__", repr(fn))
-    parameters = list(inspect.signature(fn).parameters.values())[1:]
+    parameters = [p for p in list(inspect.signature(fn).parameters.values())[1:] if p.name != LAYER_PARAMETER]
     params = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
     if "seed" in {p.name for p in parameters}:
         params["seed"] = seed
+    if LAYER_PARAMETER in overrides and takes_layer(fn):
+        raise DihalError(f"proxy {name!r}: parameter 'layer' receives the index of the layer being scored "
+                         "and cannot be set")
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
     accepted = {p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD}
     for key in overrides:
@@ -139,10 +212,12 @@ def check_proxy_setup(
     preprocessing: str,
     seed: int,
     tokens: int,
+    drop_top: int = DROP_TOP_DEFAULT,
 ) -> dict[str, dict]:
     """Validate a proxy run before any work is done; returns each proxy's resolved params."""
     if preprocessing not in PREPROCESSING_MODES:
         raise unknown_name("preprocessing", preprocessing, PREPROCESSING_MODES)
+    check_drop_top(drop_top)
     for name in overrides:
         if name not in proxies:
             raise unknown_name("proxy in parameter overrides", name, proxies)
@@ -173,16 +248,18 @@ def _as_number(value) -> float | None:
 
 
 def run_proxy(name: str, fn: Proxy, hidden: torch.Tensor, params: dict, layer: int, origin: str | None = None) -> float:
-    """``fn(hidden, **params)`` as a finite float. Whatever goes wrong inside a proxy, often
+    """``fn(hidden, **params)`` as a finite float, with ``layer=layer`` added if ``fn`` takes
+    a ``layer`` parameter. Whatever goes wrong inside a proxy, often
     a third-party plugin's, becomes one DihalError line naming the proxy, where it comes
     from (``origin``, e.g. "plugin spectral_gap from dihal-bench-spectral-gap 0.1.0") and
     the layer, instead of a traceback out of the middle of locate."""
     where = f"proxy {name!r}" + (f" ({origin})" if origin else "")
+    extra = {LAYER_PARAMETER: layer} if takes_layer(fn) else {}
     try:
-        value = fn(hidden, **params)
+        value = fn(hidden, **params, **extra)
     except DihalError as error:
         raise DihalError(f"{where} failed on layer {layer}: {error}") from None
-    except Exception as error:  # noqa: BLE001 - any bug in a proxy is reported, not crashed on
+    except Exception as error:
         raise DihalError(f"{where} failed on layer {layer}: {_one_line(error)}") from error
     number = _as_number(value)
     if number is None:
@@ -201,36 +278,44 @@ def evaluate_proxies(
     seed: int,
     progress: bool = False,
     origins: dict[str, str] | None = None,
+    drop_top: int = DROP_TOP_DEFAULT,
 ) -> dict:
     """Preprocess each layer, check it is finite, and run every proxy on it.
 
     ``proxies`` maps name -> (fn, higher_is_better); ``overrides`` maps proxy name ->
     parameter overrides; ``origins`` optionally maps proxy name -> where it comes from,
-    for error messages (see :func:`run_proxy`). Returns a JSON-serialisable record::
+    for error messages (see :func:`run_proxy`); ``drop_top`` is k of ``trace-drop-top``.
+    Returns a JSON-serialisable record::
 
         {"layers": [...], "preprocessing": mode,
          "proxies": {name: {"higher_is_better": bool, "params": {...}, "values": [...]}}}
 
-    with ``values`` in the order of ``layers`` (ascending).
+    with ``values`` in the order of ``layers`` (ascending). Under ``trace-drop-top`` it also
+    holds ``drop_top`` (k) and ``dropped_channels``, each layer's k removed channels.
     """
     if not hidden_by_layer:
         raise DihalError("no layers to evaluate proxies on")
     layers = sorted(hidden_by_layer)
     fewest = min(hidden_by_layer[layer].shape[0] for layer in layers)
-    params = check_proxy_setup(proxies, overrides, preprocessing, seed, fewest)
+    params = check_proxy_setup(proxies, overrides, preprocessing, seed, fewest, drop_top)
+    dropping = preprocessing == "trace-drop-top"
 
     values = {name: [] for name in proxies}
-    for layer in tqdm(layers, desc="geometry proxies", unit="layer", disable=not progress):
+    dropped = []
+    label = "geometry proxies" + ("" if preprocessing == "trace" else f" ({preprocessing})")
+    for layer in tqdm(layers, desc=label, unit="layer", disable=not progress):
         hidden = hidden_by_layer[layer]
         check_finite(hidden, layer)
         try:
-            hidden = preprocess(hidden, preprocessing)
+            if dropping:
+                dropped.append(top_channels(hidden, drop_top))
+            hidden = preprocess(hidden, preprocessing, drop_top)
         except DihalError as error:
             raise DihalError(f"layer {layer}: {error}") from None
         for name, (fn, _) in proxies.items():
             values[name].append(run_proxy(name, fn, hidden, params[name], layer, (origins or {}).get(name)))
 
-    return {
+    record = {
         "layers": layers,
         "preprocessing": preprocessing,
         "proxies": {
@@ -238,3 +323,32 @@ def evaluate_proxies(
             for name, (_, better) in proxies.items()
         },
     }
+    if dropping:
+        record |= {"drop_top": drop_top, "dropped_channels": dropped}
+    return record
+
+
+def channel_shares(hidden_by_layer: dict[int, torch.Tensor]) -> dict:
+    """Per layer (ascending), :func:`top_channel_share`: ``{"layers", "top_channel_share",
+    "top_channel"}``."""
+    layers = sorted(hidden_by_layer)
+    shares = []
+    for layer in layers:
+        try:
+            shares.append(top_channel_share(hidden_by_layer[layer]))
+        except DihalError as error:
+            raise DihalError(f"layer {layer}: {error}") from None
+    return {"layers": layers, "top_channel_share": [share for share, _ in shares],
+            "top_channel": [channel for _, channel in shares]}
+
+
+def depth_spearman(layers: list[int], scores) -> float | None:
+    """Spearman ρ of the scores with −ℓ, the ``depth`` reference ranking (shallower is
+    better): +1 when S(ℓ) orders the layers exactly by depth, shallow first. None when the
+    scores are all equal (no ranking) or there are fewer than 3 layers."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if len(layers) != len(scores):
+        raise DihalError(f"need one score per layer, got {len(scores)} scores for {len(layers)} layers")
+    if len(scores) < 3 or np.all(scores == scores[0]):
+        return None
+    return float(scipy.stats.spearmanr(scores, -np.asarray(layers, dtype=np.float64)).statistic)

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from dihal_bench.backbone import Backbone
 from dihal_bench.bridge import HiddenStateBridge, SampleCache
 from dihal_bench.errors import DihalError
+from dihal_bench.sampling import check_sampling, sample_next_token
 
 
 class LowerStack(Protocol):
@@ -244,27 +245,6 @@ class IncrementalDecoder:
         logits = hybrid.backbone.resume(states, hybrid.layer, cache=self.upper_cache, position_offset=self.length)
         self.length += new
         return logits
-
-
-def check_sampling(temperature: float, top_p: float) -> None:
-    if temperature < 0:
-        raise DihalError(f"temperature must be ≥ 0 (0 is greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise DihalError(f"top_p must be in (0, 1], got {top_p}")
-
-
-def sample_next_token(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
-    """One token per row of ``logits`` (B, V): argmax at temperature 0, else a draw from
-    softmax(logits / temperature) restricted to the nucleus, the most probable tokens whose
-    mass before them is still below ``top_p`` (Holtzman et al. 2020; the top token always stays)."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(mass_before >= top_p, 0.0))
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def skip_control(backbone: Backbone, layer: int, *, sink_passthrough: bool = True) -> HybridLM:

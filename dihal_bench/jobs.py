@@ -40,8 +40,15 @@ RESULT = "result.json"
 LOCK = ".lock"
 
 
+#: part of every job's key: raised when what jobs compute changes while their specs stay the same
+#: (a new training or evaluation protocol), so that a store never hands back results of the old code.
+#: 2: the bridge's exact position 0 and start token, compact-vocabulary baselines, honest metrics.
+JOB_FORMAT = 2
+
+
 def spec_hash(kind: str, spec: dict) -> str:
-    canonical = json.dumps({"kind": kind, "spec": spec}, sort_keys=True, separators=(",", ":"), default=str)
+    canonical = json.dumps({"kind": kind, "format": JOB_FORMAT, "spec": spec}, sort_keys=True,
+                           separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

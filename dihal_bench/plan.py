@@ -43,14 +43,19 @@ def backbone_parameters(name: str) -> float | None:
 class Unit:
     """One unit of a seed's work: what the progress bar counts and the dry-run lists."""
 
-    stage: str  # locate, targets, sweep, dihal, baselines, metrics, latency
+    stage: str  # locate, targets, sweep, dihal, controls, references, baselines, steps, metrics, latency
     label: str
 
 
 def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[int]:
     """Exactly ``count`` candidate layers of 1..L-1 (all of them when there are fewer): every
-    layer in ``required`` (ℓ*, the worst-scored layer) plus the rest spread evenly over the
-    remaining ones, so a plan knows the sweep's size before ℓ* is known."""
+    layer in ``required`` (ℓ*, the worst-scored layer), then, of the ``free`` picks left, the
+    ⌈free/2⌉ shallowest remaining layers and the rest spread evenly over the deeper ones.
+
+    Dense over the shallow layers because that is where bridgeability changes fastest and
+    where a bridge is cheap (it replaces few layers), so ranks among them decide the
+    correlations; the even tail keeps the whole depth in view. A plan knows the sweep's size
+    before ℓ* is known."""
     candidates = list(range(1, num_layers))
     if len(candidates) <= count:
         return candidates
@@ -58,8 +63,12 @@ def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[i
     rest = [layer for layer in candidates if layer not in chosen]
     free = count - len(chosen)
     if free > 0:
-        picks = [round(i * (len(rest) - 1) / (free - 1)) for i in range(free)] if free > 1 else [len(rest) // 2]
-        chosen |= {rest[i] for i in picks}
+        shallow = (free + 1) // 2
+        chosen |= set(rest[:shallow])
+        deep, spread = rest[shallow:], free - shallow
+        if spread:
+            # the deepest layer is always among them; the others evenly below it
+            chosen |= {deep[round((i + 1) * (len(deep) - 1) / spread)] for i in range(spread)}
     return sorted(chosen)
 
 
@@ -76,13 +85,27 @@ def target_lengths(config: dict) -> list[int]:
     lengths = set()
     if sweep_size(config, None):
         lengths.add(Budget.from_dict(config["sweep"]["budget"]).seq_len)
-    if config["methods"]["dihal"]:
+    if config["methods"]["dihal"] or "regressor" in config["methods"]["controls"]:
         lengths.add(Budget.from_dict(config["budget"]).seq_len)
     return sorted(lengths)
 
 
 def method_names(config: dict) -> list[str]:
-    return [f"dihal-{role}" for role in config["methods"]["dihal"]] + list(config["methods"]["baselines"])
+    """Every row of the methods table, in the order the runner makes them."""
+    methods = config["methods"]
+    return ([f"dihal-{role}" for role in methods["dihal"]] + [f"control-{name}" for name in methods["controls"]]
+            + [f"reference-{name}" for name in methods["references"]] + list(methods["baselines"]))
+
+
+def method_stage(name: str) -> str:
+    for prefix, stage in (("dihal-", "dihal"), ("control-", "controls"), ("reference-", "references")):
+        if name.startswith(prefix):
+            return stage
+    return "baselines"
+
+
+def steps_label(steps: int) -> str:
+    return f"DiHAL at K={steps} steps"
 
 
 def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
@@ -93,10 +116,20 @@ def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
         Unit("locate", "locate"),
         *(Unit("targets", f"bridge targets T={length}") for length in target_lengths(config)),
         *(Unit("sweep", f"sweep layer {i + 1}/{n_sweep}") for i in range(n_sweep)),
-        *(Unit("dihal" if name.startswith("dihal-") else "baselines", name) for name in method_names(config)),
+        *(Unit(method_stage(name), name) for name in method_names(config)),
+        *(Unit("steps", steps_label(k)) for k in config["bridge"]["steps_axis"]),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
         Unit("latency", "latency"),
     ]
+
+
+#: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
+#: without the corpus (the embedded stdlib-docs validation split has 162 windows of 64 tokens)
+ALL_WINDOWS_ESTIMATE = 160
+
+
+def eval_windows(sweep: dict) -> int:
+    return ALL_WINDOWS_ESTIMATE if sweep["eval_sequences"] == "all" else sweep["eval_sequences"]
 
 
 def unit_cost(unit: Unit, config: dict) -> tuple[str, int, int]:
@@ -111,10 +144,19 @@ def unit_cost(unit: Unit, config: dict) -> tuple[str, int, int]:
         needed = max(b.distinct_sequences for b in (budget, sweep_budget))
         return "one forward pass over the training subset, stored", needed * budget.seq_len, 0
     if unit.stage == "sweep":
-        return (f"{sweep_budget.steps} steps", sweep["eval_sequences"] * sweep_budget.seq_len * 3,
+        return (f"{sweep_budget.steps} steps", eval_windows(sweep) * sweep_budget.seq_len * 3,
                 sweep_budget.steps * sweep_budget.tokens_per_step)
     if unit.stage == "dihal":
         return f"{budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+    if unit.label == "control-skip":
+        return f"{sampling['samples']} samples, nothing trained", samples, 0
+    if unit.stage == "controls":
+        return f"{budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+    if unit.stage == "references":
+        return f"{sampling['samples']} texts drawn, no model", 0, 0
+    if unit.stage == "steps":
+        return (f"bridgeability + {sampling['samples']} samples + Gen.PPL",
+                eval_windows(sweep) * budget.seq_len * 3 + samples * 3, 0)
     if unit.stage == "baselines":
         return f"up to {budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
     if unit.stage == "metrics":

@@ -10,6 +10,7 @@ results folder (``runs/results/`` by default).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -36,11 +37,11 @@ from dihal_bench.bridge_training import (
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus, pack, tokenize_documents
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import HybridLM, intact_control
+from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
 from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plan import Unit, auto_sweep_layers, seed_units
+from dihal_bench.plan import Unit, auto_sweep_layers, seed_units, steps_label
 from dihal_bench.plugins import get_registry
 from dihal_bench.preflight import check_suite
 from dihal_bench.protocol import bridge_spec, matched_budget, section_budget
@@ -165,7 +166,8 @@ class Run:
         cache = self._valid_states
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
-            cache[seq_len] = with_states(self.backbone, sequences[:self.config["sweep"]["eval_sequences"]],
+            count = self.config["sweep"]["eval_sequences"]
+            cache[seq_len] = with_states(self.backbone, sequences if count == "all" else sequences[:count],
                                          layers, self.progress)
         return cache[seq_len]
 
@@ -226,6 +228,17 @@ def _new_record_path(folder: Path, stem: str) -> Path:
     raise DihalError(f"cannot find a free record name for {stem} in {folder}")
 
 
+#: what the record keeps of locate's output (the per-layer values of every preprocessing, the
+#: top-channel shares and the agreement with depth; not the environment, which the record has)
+LOCATE_KEYS = ("layers", "score", "chosen_layer", "proxies", "preprocessing", "tokens_sampled", "timings",
+               "depth_spearman", "variants", "drop_top", "dropped_channels", "top_channel_share", "top_channel")
+#: the sweep's bridgeability measures the geometry is tested against: each dimension standardised,
+#: and in locate's ``trace`` metric, where the dimensions weigh as they do for the proxies
+CORRELATION_TARGETS = ("bridge_mse", "bridge_mse_trace")
+#: the bridge plugin the one-step regressor control trains (docs/method.md#controls)
+REGRESSOR_BRIDGE = "regressor"
+#: what a point of the sampling-steps axis keeps of the bridge's validation measures
+STEPS_AXIS_KEYS = ("bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_to_backbone")
 #: tokens of the warm-up decode before latency is timed: enough to touch every code path
 WARM_UP_TOKENS = 8
 #: sample texts per method kept in the record, for pages that show a few without the job store
@@ -242,12 +255,13 @@ def run_seed(run: Run, seed: int) -> dict:
     run.units, run.done = seed_units(config, run.backbone.num_layers), []
     run.bar = tqdm(total=len(run.units), desc=f"{run.suite} seed {seed}", unit="unit", disable=not run.progress)
     # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
-    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **config["locate"], "seed": seed,
+    settings = config["locate"]
+    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **settings, "seed": seed,
                                                             "sampler": "fewest-sequences"},
                         lambda _: locate(run.backbone, run.corpus, LocateConfig(
-                            tokens=config["locate"]["tokens"], seq_len=config["locate"]["seq_len"], seed=seed,
-                            proxies=tuple(config["locate"]["proxies"]),
-                            preprocessing=config["locate"]["preprocessing"]), run.progress))
+                            tokens=settings["tokens"], seq_len=settings["seq_len"], seed=seed,
+                            proxies=tuple(settings["proxies"]), preprocessing=settings["preprocessing"],
+                            variants=tuple(settings["variants"]), drop_top=settings["drop_top"]), run.progress))
     score = dict(zip(located["layers"], located["score"]))
     chosen = located["chosen_layer"]
     worst = min(located["layers"], key=lambda layer: (score[layer], layer))
@@ -263,7 +277,7 @@ def run_seed(run: Run, seed: int) -> dict:
                                             if f"bridge targets T={b.seq_len}" in planned_lengths])
     sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
                   for i, layer in enumerate(layers)]
-    correlations = layer_correlations(located, sweep_rows, seed)
+    correlations = {target: layer_correlations(located, sweep_rows, seed, target) for target in CORRELATION_TARGETS}
 
     roles = {
         "chosen": chosen,
@@ -274,8 +288,15 @@ def run_seed(run: Run, seed: int) -> dict:
     for role in config["methods"]["dihal"]:
         methods[f"dihal-{role}"] = run.timed(f"dihal-{role}", dihal_method, run, spec, budget, roles[role], seed,
                                              data_layers)
+    for name in config["methods"]["controls"]:
+        methods[f"control-{name}"] = run.timed(f"control-{name}", control_method, run, name, spec, budget, chosen,
+                                               seed, data_layers)
+    for name in config["methods"]["references"]:
+        methods[f"reference-{name}"] = run.timed(f"reference-{name}", reference_method, run, name, budget, seed)
     for name in config["methods"]["baselines"]:
         methods[name] = run.timed(name, baseline_method, run, name, budget, seed)
+    steps_axis = [run.timed(steps_label(k), steps_point, run, methods["dihal-chosen"], spec, k, seed, data_layers)
+                  for k in config["bridge"]["steps_axis"]]
 
     references = run.reference_texts(config["sampling"]["samples"], config["sampling"]["seq_len"])
     for name, method in methods.items():
@@ -297,12 +318,13 @@ def run_seed(run: Run, seed: int) -> dict:
     return {
         "seed": seed,
         "units": list(run.done),
-        "locate": {key: located[key] for key in ("layers", "score", "chosen_layer", "proxies", "preprocessing",
-                                                 "tokens_sampled", "timings")},
-        "sweep": {"layers": sweep_rows, "budget": sweep_spec.budget.to_dict(), "correlations": correlations},
+        "locate": {key: located[key] for key in LOCATE_KEYS if key in located},
+        "sweep": {"layers": sweep_rows, "budget": sweep_spec.budget.to_dict(),
+                  "correlations": correlations["bridge_mse"], "correlations_trace": correlations["bridge_mse_trace"]},
         "roles": roles,
         "budget": budget.to_dict(),
         "methods": methods,
+        **({"steps_axis": steps_axis} if steps_axis else {}),
     }
 
 
@@ -321,8 +343,10 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) 
     return run.store.run("sweep-layer", job, work)
 
 
-def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int, data_layers: list[int]) -> dict:
-    """DiHAL at ``layer`` under the matched budget: train, evaluate, sample."""
+def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int, data_layers: list[int],
+                 kind: str = "dihal") -> dict:
+    """DiHAL at ``layer`` under the matched budget: train, evaluate, sample. ``spec`` names the
+    bridge; the one-step regressor control comes through here too (``kind`` "control")."""
     config = run.config
     train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer}
 
@@ -350,9 +374,60 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
     sample_job = {"train": train_job, **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")},
                   "seed": seed}
     samples = run.store.run("samples", sample_job, sample_work)
-    return {"kind": "dihal", "layer": layer, "in_budget": True, "train": trained,
-            "parameters": {"bridge": trained["parameters"]}, "samples": samples,
+    return {"kind": kind, "layer": layer, "in_budget": True, "train": trained, "bridge": spec.name,
+            "sample_steps": spec.sample_steps, "parameters": {"bridge": trained["parameters"]}, "samples": samples,
+            "train_job": _hash("dihal-train", train_job), "samples_job": _hash("samples", sample_job)}
+
+
+def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer: int, seed: int,
+                   data_layers: list[int]) -> dict:
+    """A control at ℓ* (docs/method.md#controls). ``skip``: the upper stack fed h_0, no bridge
+    and nothing trained. ``regressor``: the suite's bridge network trained under the matched
+    budget to map h_0 to h_ℓ in one step, without diffusion."""
+    if name == "regressor":
+        regressor = dataclasses.replace(spec, name=REGRESSOR_BRIDGE, options=dict(spec.options), sample_steps=None)
+        return dihal_method(run, regressor, budget, layer, seed, data_layers, kind="control")
+    sampling = run.config["sampling"]
+
+    def sample_work(folder: Path) -> dict:
+        ids = skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough).generate(
+            sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"], top_p=sampling["top_p"],
+            seed=seed, batch_size=sampling["batch_size"], progress=run.progress)
+        return write_samples(run, folder, ids)
+
+    sample_job = {**run.identity(), "control": name, "layer": layer, "sink_passthrough": spec.sink_passthrough,
+                  **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
+    samples = run.store.run("samples", sample_job, sample_work)
+    return {"kind": "control", "layer": layer, "in_budget": False, "parameters": {}, "samples": samples,
             "samples_job": _hash("samples", sample_job)}
+
+
+def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int, data_layers: list[int]) -> dict:
+    """DiHAL at ℓ* with the same weights sampled in ``steps`` steps: bridgeability and hybrid
+    PPL on the validation windows, and the Gen.PPL of samples drawn with that K."""
+    layer, config = method["layer"], run.config
+    at_steps = dataclasses.replace(spec, sample_steps=steps)
+    sampling = config["sampling"]
+    job = {"train": method["train_job"], "steps": steps, "eval_sequences": config["sweep"]["eval_sequences"],
+           **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed,
+           "evaluator": config["evaluator"], "max_length": config["metrics"]["max_length"]}
+
+    def work(folder: Path) -> dict:
+        bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
+        valid = run.valid_states(spec.budget.seq_len, data_layers)
+        quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid)
+        hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=steps)
+        ids = hybrid.generate(sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"],
+                              top_p=sampling["top_p"], seed=seed, batch_size=sampling["batch_size"],
+                              progress=run.progress)
+        texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        scored = compute_named_metrics(run, f"DiHAL K={steps}", SampleSet(method=f"K={steps}", texts=texts,
+                                                                          token_ids=ids.tolist()),
+                                       [], seed, ["gen_ppl"])
+        return {"steps": steps, "layer": layer, **{k: quality[k] for k in STEPS_AXIS_KEYS if k in quality},
+                "gen_ppl": scored.get("gen_ppl")}
+
+    return run.store.run("steps-point", job, work)
 
 
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
@@ -404,11 +479,18 @@ def read_samples(path: Path) -> tuple[list[str], list[list[int]]]:
 def compute_metrics(run: Run, name: str, method: dict, references: list[str], seed: int) -> dict:
     texts, ids = read_samples(run.store.resolve(method["samples"]["path"]))
     samples = SampleSet(method=name, texts=texts, token_ids=ids)
+    return compute_named_metrics(run, name, samples, references, seed, metric_names(run.config))
+
+
+def compute_named_metrics(run: Run, name: str, samples: SampleSet, references: list[str], seed: int,
+                          metrics: list[str]) -> dict:
+    """``metrics`` of one method's samples, each value under the metric's name and its side
+    values prefixed with it."""
     context = MetricContext(evaluator=run.evaluator, references=references, seed=seed,
                             max_length=run.config["metrics"]["max_length"])
     values = {}
     registry = get_registry()
-    for metric in metric_names(run.config):
+    for metric in metrics:
         registration = registry.get("metric", metric)
         try:
             computed = registration.obj(samples, context)
@@ -440,10 +522,15 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
     registry = get_registry()
     timed, reference = {}, None
     for name, method in methods.items():
-        if method["kind"] == "dihal":
-            bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone)
-            hybrid = HybridLM(run.backbone, bridge, method["layer"], sink_passthrough=spec.sink_passthrough,
-                              steps=spec.sample_steps)
+        if method["kind"] == "reference":  # texts drawn, not decoded: nothing to time
+            continue
+        if method["kind"] in ("dihal", "control"):
+            if "train" in method:  # DiHAL and the regressor control: a trained bridge
+                bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone)
+                hybrid = HybridLM(run.backbone, bridge, method["layer"], sink_passthrough=spec.sink_passthrough,
+                                  steps=method["sample_steps"])
+            else:  # the skip control
+                hybrid = skip_control(run.backbone, method["layer"], sink_passthrough=spec.sink_passthrough)
             timed[name] = lambda n, t=length, h=hybrid: h.generate(n, t, seed=seed, batch_size=n)
         else:
             baseline = registry.get("baseline", name).obj(run.backbone, budget, seed, **baseline_options(run, name))

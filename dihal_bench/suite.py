@@ -26,7 +26,13 @@ else:  # pragma: no cover
 DIHAL_PROXIES = ("local_curvature", "global_monotonicity", "effective_rank")
 
 DIHAL_ROLES = ("chosen", "worst", "oracle")
-PREPROCESSING = ("trace", "standardize", "none")
+#: controls at ℓ* (docs/method.md#controls): the upper stack fed h_0 with no bridge, and the
+#: suite's bridge network trained as a one-step regressor under the matched budget
+CONTROLS = ("skip", "regressor")
+#: reference rows that cost no training: i.i.d. unigram text of the training split (a floor)
+#: and held-out human windows (a ceiling), scored by the same metrics
+REFERENCES = ("unigram", "human")
+PREPROCESSING = ("trace", "none", "standardize", "trace-drop-top")  # = geometry.PREPROCESSING_MODES
 DTYPES = ("float32", "bfloat16", "float16")
 
 DEFAULTS: dict = {
@@ -43,6 +49,9 @@ DEFAULTS: dict = {
         "seq_len": 128,
         "proxies": list(DIHAL_PROXIES),
         "preprocessing": "trace",
+        # S(ℓ) and ℓ* under these too, beside the one that sets ℓ* (docs/method.md#locate)
+        "variants": ["trace", "standardize", "trace-drop-top"],
+        "drop_top": 4,  # k of trace-drop-top: the largest-variance channels removed
     },
     "sweep": {
         "layers": "auto",
@@ -51,12 +60,17 @@ DEFAULTS: dict = {
         "budget": {},
     },
     "budget": {},
-    "bridge": {"name": "dihal-bridge", "options": {}, "sample_steps": 8, "sink_passthrough": True},
-    "methods": {"dihal": list(DIHAL_ROLES), "baselines": []},
+    "bridge": {"name": "dihal-bridge", "options": {}, "sample_steps": 8, "sink_passthrough": True,
+               # DiHAL at ℓ* re-evaluated (bridgeability, hybrid PPL, samples) at each of these K
+               "steps_axis": []},
+    "methods": {"dihal": list(DIHAL_ROLES), "controls": [], "references": [], "baselines": []},
     "sampling": {"samples": 64, "seq_len": 64, "batch_size": 16, "temperature": 1.0, "top_p": 1.0,
                  "diffusion_steps": 50},
     "metrics": {"names": ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "mauve"],
-                "mauve": True, "latency_repeats": 3, "max_length": 1024},
+                "mauve": True, "latency_repeats": 3, "max_length": 1024,
+                # a method with fewer valid samples is flagged, not averaged (docs/method.md#metrics)
+                "min_valid": 16,
+                "mauve_bootstrap": 50},  # resamples for MAUVE's 95% interval; 0: none
 }
 
 #: sections whose contents are free-form (checked by the component that reads them)
@@ -199,6 +213,21 @@ def _layers(value, key: str, source: str):
     return sorted({as_int(v, key, source, minimum=1) for v in value})
 
 
+def _counts(value, key: str, source: str) -> list[int]:
+    if not isinstance(value, list):
+        raise _fail(source, key, "a list of integers >= 1", value)
+    return sorted({as_int(v, key, source, minimum=1) for v in value})
+
+
+def _count_or_all(value, key: str, source: str) -> int | str:
+    if value == "all":
+        return value
+    try:
+        return as_int(value, key, source, minimum=1)
+    except DihalError:
+        raise _fail(source, key, "'all' or an integer >= 1", value) from None
+
+
 def _table(value, key: str, source: str) -> dict:
     if not isinstance(value, dict):
         raise _fail(source, key, "a table", value)
@@ -218,16 +247,21 @@ RULES = {
     "locate.seq_len": lambda v, k, s: as_int(v, k, s, minimum=2),
     "locate.proxies": _names,
     "locate.preprocessing": lambda v, k, s: _string(v, k, s, PREPROCESSING),
+    "locate.variants": lambda v, k, s: _names(v, k, s, PREPROCESSING, allow_empty=True),
+    "locate.drop_top": lambda v, k, s: as_int(v, k, s, minimum=0),
     "sweep.layers": _layers,
     "sweep.count": lambda v, k, s: as_int(v, k, s, minimum=1),
-    "sweep.eval_sequences": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "sweep.eval_sequences": lambda v, k, s: _count_or_all(v, k, s),
     "sweep.budget": _table,
     "budget": _table,
     "bridge.name": _string,
     "bridge.options": _table,
     "bridge.sample_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
     "bridge.sink_passthrough": _bool,
+    "bridge.steps_axis": lambda v, k, s: _counts(v, k, s),
     "methods.dihal": lambda v, k, s: _names(v, k, s, DIHAL_ROLES, allow_empty=True),
+    "methods.controls": lambda v, k, s: _names(v, k, s, CONTROLS, allow_empty=True),
+    "methods.references": lambda v, k, s: _names(v, k, s, REFERENCES, allow_empty=True),
     "methods.baselines": lambda v, k, s: _names(v, k, s, allow_empty=True),
     "sampling.samples": lambda v, k, s: as_int(v, k, s, minimum=1),
     "sampling.seq_len": lambda v, k, s: as_int(v, k, s, minimum=2),
@@ -239,6 +273,8 @@ RULES = {
     "metrics.mauve": _bool,
     "metrics.latency_repeats": lambda v, k, s: as_int(v, k, s, minimum=1),
     "metrics.max_length": lambda v, k, s: as_int(v, k, s, minimum=2),
+    "metrics.min_valid": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "metrics.mauve_bootstrap": lambda v, k, s: as_int(v, k, s, minimum=0),
 }
 
 
@@ -257,6 +293,8 @@ def check_values(config: dict, source: str = "suite") -> dict:
     for section, table in (("budget", checked["budget"]), ("sweep.budget", checked["sweep"]["budget"])):
         budget = Budget.from_dict(table, section=section, source=source)
         table.update({key: getattr(budget, key) for key in table})  # typed as the Budget holds them
+    if checked["bridge"]["steps_axis"] and "chosen" not in checked["methods"]["dihal"]:
+        raise DihalError(f"{source}: bridge.steps_axis re-evaluates DiHAL at ℓ*, so methods.dihal must include 'chosen'")
     if not checked["methods"]["dihal"] and not checked["methods"]["baselines"]:
         raise DihalError(f"{source}: the suite names no method (methods.dihal and methods.baselines are empty)")
     return checked

@@ -25,7 +25,7 @@ from dihal_bench.bridge_training import (
 from dihal_bench.corpus import Corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import teacher_forced_nll
-from dihal_bench.stats import rank_correlations
+from dihal_bench.stats import partial_spearman, rank_correlations
 
 
 def check_layers(backbone: Backbone, layers: list[int]) -> list[int]:
@@ -34,19 +34,38 @@ def check_layers(backbone: Backbone, layers: list[int]) -> list[int]:
     return sorted({backbone.check_layer(layer) for layer in layers})
 
 
-def layer_correlations(located: dict, rows: list[dict], seed: int) -> dict:
-    """Spearman ρ and Kendall τ (bootstrap 95% CI, permutation p-value) of the score and each
-    proxy against −(bridge validation MSE), over the swept layers (docs/method.md#metrics)."""
+def layer_correlations(located: dict, rows: list[dict], seed: int, target: str = "bridge_mse") -> dict:
+    """How well the geometry ranked the swept layers by bridgeability, against the depth
+    reference (docs/method.md#locate).
+
+    Over the swept layers that locate scored, for S(ℓ), each recorded proxy (signed so that
+    higher is better), each other preprocessing's S(ℓ) (``score[<mode>]``) and ``depth``
+    (−ℓ): :func:`~dihal_bench.stats.rank_correlations` with −``target`` (Spearman ρ and Kendall
+    τ, bootstrap 95% CIs, permutation p-values) and ``partial_spearman_given_depth``, ρ with
+    the layer index held fixed: what a series knows about bridgeability beyond "shallower
+    is better" (None for depth itself). ``target`` is ``bridge_mse`` (each dimension
+    standardised) or ``bridge_mse_trace`` (the proxies' own ``trace`` metric).
+
+    Returns ``{series: statistics}``, or ``{"warning": ...}`` with fewer than 3 swept layers.
+    """
     index = {layer: i for i, layer in enumerate(located["layers"])}
-    swept = [row for row in rows if row["layer"] in index]
+    swept = sorted((row for row in rows if row["layer"] in index), key=lambda row: row["layer"])
     if len(swept) < 3:
         return {"warning": f"rank correlations need at least 3 swept layers, got {len(swept)}"}
-    negative_mse = [-row["bridge_mse"] for row in swept]
-    series = {"score": [located["score"][index[row["layer"]]] for row in swept]}
+    layers = [row["layer"] for row in swept]
+    at = [index[layer] for layer in layers]
+    series = {"score": [located["score"][i] for i in at]}
     for name, entry in located["proxies"].items():
-        sign = 1 if entry["higher_is_better"] else -1
-        series[name] = [sign * entry["values"][index[row["layer"]]] for row in swept]
-    return {name: rank_correlations(values, negative_mse, seed=seed) for name, values in series.items()}
+        sign = 1.0 if entry["higher_is_better"] else -1.0
+        series[name] = [sign * entry["values"][i] for i in at]
+    series["depth"] = [-float(layer) for layer in layers]
+    for name, variant in (located.get("variants") or {}).items():
+        if name != located["preprocessing"]:
+            series[f"score[{name}]"] = [variant["score"][i] for i in at]
+    negative = [-row[target] for row in swept]
+    return {name: {**rank_correlations(values, negative, seed=seed),
+                   "partial_spearman_given_depth": partial_spearman(values, negative, layers)}
+            for name, values in series.items()}
 
 
 def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: BridgeSpec, *,
@@ -79,8 +98,8 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     }
 
 
-SWEEP_COLUMNS = ["layer", "score", "bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl",
-                 "train_seconds"]
+SWEEP_COLUMNS = ["layer", "score", "bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_to_backbone",
+                 "skip_ppl", "train_seconds"]
 
 
 def sweep_table(result: dict) -> list[dict]:
@@ -88,7 +107,7 @@ def sweep_table(result: dict) -> list[dict]:
     located = result["locate"]
     score = dict(zip(located["layers"], located["score"]))
     return [{"layer": row["layer"], "score": score.get(row["layer"]),
-             **{key: row[key] for key in SWEEP_COLUMNS[2:]}} for row in result["layers"]]
+             **{key: row.get(key) for key in SWEEP_COLUMNS[2:]}} for row in result["layers"]]
 
 
 def format_sweep(result: dict) -> str:
@@ -96,14 +115,25 @@ def format_sweep(result: dict) -> str:
 
     lines = [tabulate(sweep_table(result), headers="keys", floatfmt=".4g"),
              f"backbone validation PPL {result['backbone_ppl']:.2f}; ℓ* = {result['locate']['chosen_layer']}"]
-    for name, corr in result["correlations"].items():
-        if name == "warning":
-            lines.append(f"rank correlations: {corr}")
-        else:
-            lines.append(f"{name:>22}: Spearman ρ {corr['spearman']:+.2f} [{corr['spearman_low']:+.2f}, "
-                         f"{corr['spearman_high']:+.2f}], Kendall τ {corr['kendall']:+.2f} "
-                         f"[{corr['kendall_low']:+.2f}, {corr['kendall_high']:+.2f}] vs −(bridge MSE)")
+    for key, target in (("correlations", "bridge MSE"), ("correlations_trace", "bridge MSE, trace metric")):
+        lines += correlation_lines(result.get(key) or {}, target)
     return "\n".join(lines)
+
+
+def correlation_lines(correlations: dict, target: str) -> list[str]:
+    """One line per series of :func:`layer_correlations`: ρ and τ with their CIs and
+    permutation p-values, and the partial ρ given depth."""
+    def shown(value, form="+.2f") -> str:
+        return "n/a" if value is None else format(value, form)
+
+    if "warning" in correlations:
+        return [f"rank correlations vs −({target}): {correlations['warning']}"]
+    lines = [f"rank correlations vs −({target}), over the swept layers:"]
+    for name, c in correlations.items():
+        lines.append(f"{name:>28}: ρ {shown(c['spearman'])} [{shown(c['spearman_low'])}, {shown(c['spearman_high'])}]"
+                     f" p={shown(c['spearman_p'], '.3g')}, τ {shown(c['kendall'])} p={shown(c['kendall_p'], '.3g')},"
+                     f" partial ρ given depth {shown(c['partial_spearman_given_depth'])}")
+    return lines
 
 
 def write_sweep_outputs(result: dict, out_dir: Path) -> list[Path]:

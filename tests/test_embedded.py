@@ -244,12 +244,13 @@ def test_truncated_cache_is_detected_and_rebuilt(smollm2, cache_dir):
 def test_corrupt_gguf_is_a_clear_error_naming_the_file(cache_dir, tmp_path):
     gguf = tmp_path / "garbage.gguf"
     gguf.write_bytes(b"this is not a GGUF file " * 16)
-    before = sorted(p.name for p in (cache_dir / "models").glob("*"))
+    def visible_entries():  # hidden ones are the (empty) lock files of this and earlier loads
+        return sorted(p.name for p in (cache_dir / "models").glob("*") if not p.name.startswith("."))
+
+    before = visible_entries()
     with pytest.raises(DihalError, match=rf"^cannot read GGUF file {re.escape(str(gguf))}: "):
         load_embedded("x", gguf)
-    # no half-built cache left; only the (empty, hidden) lock file of the attempt
-    after = sorted(p.name for p in (cache_dir / "models").glob("*"))
-    assert [name for name in after if not name.startswith(".")] == before
+    assert visible_entries() == before  # no half-built cache left behind
 
 
 @pytest.mark.integration

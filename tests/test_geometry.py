@@ -10,12 +10,16 @@ from dihal_builtin import proxies as builtin
 
 from dihal_bench.errors import DihalError
 from dihal_bench.geometry import (
+    channel_shares,
     check_finite,
     choose_layer,
+    depth_spearman,
     evaluate_proxies,
     layer_scores,
     preprocess,
     proxy_params,
+    top_channel_share,
+    top_channels,
     zscore,
 )
 
@@ -220,3 +224,82 @@ def test_evaluate_proxies_errors():
         evaluate(hidden, overrides={"curvature": {"k": 3}})
     with pytest.raises(DihalError, match="layer 1: hidden states are constant"):
         evaluate({1: torch.ones(600, 12)})
+
+
+# -- controls: one outlier channel, and depth -------------------------------------------------
+
+
+def outlier_layers(shares_of_std=(30.0, 10.0, 3.0, 1.0), d: int = 16, n: int = 800) -> dict[int, torch.Tensor]:
+    """Layers 1..4 of isotropic states plus one channel (7) whose std falls with depth: the
+    outlier channel of a real residual stream, with every other direction the same."""
+    return {layer: cloud(n, [scale if j == 7 else 1.0 for j in range(d)], seed=layer)
+            for layer, scale in enumerate(shares_of_std, start=1)}
+
+
+def test_top_channel_share_is_the_known_variance_share():
+    # population variances 100 and 15 × 1: the share is 100 / 115, up to sampling noise of the
+    # variance estimates (relative std √(2/n) ≈ 1.6% at n = 8000, so 5% is > 3σ)
+    x = cloud(8000, [10.0] + [1.0] * 15, seed=4)
+    share, channel = top_channel_share(x)
+    assert channel == 0 and share == pytest.approx(100 / 115, rel=0.05)
+    assert top_channel_share(1e3 * x + 5)[0] == pytest.approx(share, rel=1e-9)  # a property of the shape
+    assert top_channel_share(cloud(8000, [1.0] * 16, seed=5))[0] == pytest.approx(1 / 16, rel=0.2)
+    with pytest.raises(DihalError, match="constant"):
+        top_channel_share(torch.ones(10, 4))
+    shares = channel_shares(outlier_layers())
+    assert shares["layers"] == [1, 2, 3, 4] and shares["top_channel"][:3] == [7, 7, 7]
+    assert shares["top_channel_share"] == sorted(shares["top_channel_share"], reverse=True)
+
+
+def test_trace_drop_top_removes_the_largest_variance_channels():
+    x = cloud(2000, [1.0, 9.0, 1.0, 5.0, 1.0, 1.0], seed=2)
+    assert top_channels(x, 2) == [1, 3]
+    dropped = preprocess(x, "trace-drop-top", drop_top=2)
+    kept = preprocess(x[:, [0, 2, 4, 5]], "trace")
+    assert dropped.shape == (2000, 4) and torch.equal(dropped, kept)
+    assert torch.equal(preprocess(x, "trace-drop-top", drop_top=0), preprocess(x, "trace"))
+    with pytest.raises(DihalError, match="would remove every one of the 6"):
+        preprocess(x, "trace-drop-top", drop_top=6)
+    with pytest.raises(DihalError, match="non-negative integer"):
+        preprocess(x, "trace-drop-top", drop_top=-1)
+
+
+def test_an_outlier_channel_decides_the_trace_score_but_not_the_standardised_one():
+    layers = outlier_layers()
+    rank = {"effective_rank": (builtin.effective_rank, False)}
+
+    def ranks(mode, **kwargs):
+        return evaluate_proxies(layers, rank, {}, mode, 0, **kwargs)["proxies"]["effective_rank"]["values"]
+
+    # under trace the effective rank follows the outlier: one dominant channel, rank near 1
+    assert ranks("trace") == sorted(ranks("trace"))
+    assert ranks("trace")[0] < 2.0 < 12.0 < ranks("trace")[-1]
+    # standardised, or with the outlier removed, every layer is isotropic: tr Σ / λ_max is then
+    # d / (1 + √(d/n))² at the Marchenko–Pastur edge (12.3 for d = 16, 11.6 for d = 15 at
+    # n = 800), for every layer alike; 0.85–1.15 of it leaves several times the edge's
+    # fluctuation at this n
+    for mode, d in (("standardize", 16), ("trace-drop-top", 15)):
+        values = ranks(mode, drop_top=1) if mode == "trace-drop-top" else ranks(mode)
+        edge = d / (1 + math.sqrt(d / 800)) ** 2
+        assert all(0.85 * edge < v < 1.15 * edge for v in values), (mode, values)
+
+
+def test_depth_spearman_is_plus_one_for_a_score_falling_with_depth():
+    assert depth_spearman([1, 2, 3, 4], [4.0, 3.0, 2.0, -1.0]) == pytest.approx(1.0)
+    assert depth_spearman([1, 2, 3, 4], [-4.0, 3.0, 3.5, 9.0]) == pytest.approx(-1.0)
+    assert depth_spearman([1, 2, 3], [1.0, 1.0, 1.0]) is None
+    assert depth_spearman([1, 2], [2.0, 1.0]) is None
+
+
+def test_a_proxy_taking_layer_receives_the_layer_index():
+    seen = []
+
+    def by_layer(hidden, *, layer=None):
+        seen.append(layer)
+        return float(layer)
+
+    record = evaluate_proxies(outlier_layers(), {"depth": (by_layer, False)}, {}, "trace", 0)
+    assert seen == [1, 2, 3, 4] and record["proxies"]["depth"]["values"] == [1.0, 2.0, 3.0, 4.0]
+    assert record["proxies"]["depth"]["params"] == {}  # the layer is not a constant of the run
+    with pytest.raises(DihalError, match="'layer' receives the index"):
+        evaluate_proxies(outlier_layers(), {"depth": (by_layer, False)}, {"depth": {"layer": 2}}, "trace", 0)

@@ -17,9 +17,9 @@ from dihal_bench.hybrid import (
     HybridLM,
     OracleBridge,
     intact_control,
-    sample_next_token,
     skip_control,
 )
+from dihal_bench.sampling import sample_next_token
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)
@@ -289,3 +289,13 @@ def test_temperature_sharpens_the_distribution():
     expected = {t: torch.sigmoid(torch.tensor(1.0 / t)).item() for t in share}  # p(token 1) = σ(1/T)
     for t in share:
         assert abs(share[t] - expected[t]) < 0.03
+
+
+def test_banned_ids_are_never_drawn_even_when_most_likely():
+    logits = torch.tensor([5.0, 0.0, 0.0, 4.0]).expand(2000, -1)  # ids 0 and 3 carry almost all the mass
+    generator = torch.Generator().manual_seed(0)
+    for temperature, top_p in ((1.0, 1.0), (1.0, 0.5), (0.0, 1.0)):
+        drawn = sample_next_token(logits, temperature, top_p, generator, banned=[0, 3])
+        assert set(drawn.tolist()) <= {1, 2}
+    assert set(sample_next_token(logits, 0.0, 1.0, generator, banned=[0]).tolist()) == {3}
+    assert logits[0, 0] == 5.0  # the caller's logits are left alone

@@ -14,7 +14,7 @@ from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.locate import LocateConfig, locate, write_outputs
+from dihal_bench.locate import LocateConfig, locate, summary_lines, table_rows, write_outputs
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PLUGIN = REPO / "plugins" / "examples" / "dihal-bench-spectral-gap"
@@ -33,11 +33,35 @@ def small_config(**changes) -> LocateConfig:
 def test_locate_scores_every_candidate_layer_and_picks_the_argmax(tiny_backbone, text_dir):
     result = locate(tiny_backbone, load_corpus(str(text_dir)), small_config(), progress=False)
     assert result["layers"] == [1, 2, 3]  # 1..L-1 of a 4-layer model
-    signed = sum((1 if e["higher_is_better"] else -1) * np.array(e["z"]) for e in result["proxies"].values())
+    signed = sum(e["weight"] * (1 if e["higher_is_better"] else -1) * np.array(e["z"])
+                 for e in result["proxies"].values())
     assert np.allclose(signed, result["score"])
+    # depth is measured as a reference, outside the score
+    assert result["proxies"]["depth"]["values"] == [1.0, 2.0, 3.0] and not result["proxies"]["depth"]["in_score"]
+    assert all(result["proxies"][name]["in_score"] for name in ("local_curvature", "effective_rank"))
     assert result["chosen_layer"] == result["layers"][int(np.argmax(result["score"]))]
     assert result["proxies"]["local_curvature"]["params"] == {"anchors": 64, "k": 8, "seed": 0}
     assert result["tokens_sampled"] == 256 and result["config"]["preprocessing"] == "trace"
+
+
+def test_locate_reports_each_preprocessing_and_the_top_channel(tiny_backbone, text_dir):
+    result = locate(tiny_backbone, load_corpus(str(text_dir)), small_config(drop_top=2), progress=False)
+    variants = result["variants"]
+    assert list(variants) == ["trace", "standardize", "trace-drop-top"]
+    assert variants["trace"]["score"] == result["score"]  # the configured one is the choice itself
+    assert variants["trace"]["chosen_layer"] == result["chosen_layer"]
+    for entry in variants.values():
+        assert len(entry["score"]) == 3 and entry["chosen_layer"] in (1, 2, 3)
+    assert variants["trace-drop-top"]["drop_top"] == 2
+    assert all(len(channels) == 2 for channels in variants["trace-drop-top"]["dropped_channels"])
+    assert all(1 / tiny_backbone.width <= share <= 1 for share in result["top_channel_share"])
+    lines = summary_lines(result)
+    assert lines[0].startswith("ℓ* by preprocessing: trace ") and "trace-drop-top(k=2)" in lines[0]
+    assert lines[1].startswith("top channel: ")
+    headers, rows = table_rows(result)
+    assert "score[standardize]" in headers and "top share" in headers and len(rows) == 3
+    with pytest.raises(DihalError, match="unknown preprocessing variant 'pca'"):
+        locate(tiny_backbone, load_corpus(str(text_dir)), small_config(variants=("pca",)), progress=False)
 
 
 def test_locate_is_reproducible_from_the_seed(tiny_backbone, text_dir):

@@ -9,7 +9,7 @@ from dihal_builtin import proxies
 from dihal_builtin.proxies import _nearest
 
 from dihal_bench.errors import DihalError
-from dihal_bench.geometry import preprocess
+from dihal_bench.geometry import preprocess, takes_layer
 
 
 def gaussian(n: int, scales, seed: int = 0) -> torch.Tensor:
@@ -32,6 +32,11 @@ def registered() -> dict[str, tuple]:
     return found
 
 
+def call(fn, hidden: torch.Tensor, layer: int = 3, **constants) -> float:
+    """``fn`` as the harness calls it on layer ``layer``: with ``layer=`` where it takes one."""
+    return fn(hidden, **constants, **({"layer": layer} if takes_layer(fn) else {}))
+
+
 def test_registration_names_and_directions():
     directions = {name: meta["higher_is_better"] for name, (_, meta) in registered().items()}
     assert directions == {
@@ -42,6 +47,7 @@ def test_registration_names_and_directions():
         "anisotropy": False,
         "twonn_dimension": False,
         "mle_dimension": False,
+        "depth": False,
     }
 
 
@@ -149,7 +155,7 @@ def test_proxies_are_invariant_to_rescaling_and_shifting_under_trace_preprocessi
     fn, _ = registered()[name]
     x = gaussian(1200, torch.logspace(0.5, -0.5, 12))
     moved = 1e3 * x + 7.0
-    assert fn(preprocess(moved, "trace")) == pytest.approx(fn(preprocess(x, "trace")), rel=1e-7)
+    assert call(fn, preprocess(moved, "trace")) == pytest.approx(call(fn, preprocess(x, "trace")), rel=1e-7)
 
 
 @pytest.mark.parametrize("name", ["local_curvature", "global_monotonicity", "twonn_dimension", "mle_dimension"])
@@ -163,7 +169,18 @@ def test_seeded_proxies_are_reproducible_and_depend_on_the_seed(name):
 def test_every_proxy_returns_a_float_on_float32_input():
     x = gaussian(600, [1.0] * 8).float()
     for name, (fn, _) in registered().items():
-        assert isinstance(fn(x), float), name
+        assert isinstance(call(fn, x), float), name
+
+
+def test_depth_is_the_layer_index_whatever_the_states():
+    assert proxies.depth(gaussian(50, [1.0] * 4), layer=7) == 7.0
+    assert proxies.depth(gaussian(9, [100.0, 0.0], seed=2), layer=7) == 7.0
+    assert proxies.depth(gaussian(50, [1.0] * 4), layer=np.int64(2)) == 2.0
+    assert takes_layer(proxies.depth) and not takes_layer(proxies.local_curvature)
+    with pytest.raises(DihalError, match="needs the index of the layer"):
+        proxies.depth(gaussian(50, [1.0] * 4))
+    with pytest.raises(DihalError, match="integer layer index, got True"):
+        proxies.depth(gaussian(50, [1.0] * 4), layer=True)
 
 
 def test_too_few_points_or_neighbours_raise():

@@ -121,8 +121,11 @@ seq_len = 16
 [bridge]
 options = {{ d_model = 32, layers = 1, heads = 2 }}
 sample_steps = 2
+steps_axis = [1, 2]
 [methods]
 dihal = ["chosen", "worst", "oracle"]
+controls = ["skip", "regressor"]
+references = ["unigram", "human"]
 baselines = ["ar-backbone"]
 [sampling]
 samples = 4
@@ -131,6 +134,7 @@ batch_size = 2
 [metrics]
 names = ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
 mauve = false
+min_valid = 1
 latency_repeats = 1
 ''')
     return suite
@@ -156,6 +160,25 @@ def comparable(record: dict) -> list[dict]:
     return strip(record["per_seed"])
 
 
+def test_a_second_run_on_a_store_in_use_is_refused_with_the_holders_pid(tiny_suite, tmp_path):
+    # the job store of suite "tiny" under --out is <out>/tiny/jobs; a process holds its lock
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom dihal_bench.jobs import JobStore\n"
+        "with JobStore(Path(sys.argv[1])).lock():\n    print('holding', flush=True)\n    time.sleep(120)\n"),
+        str(tmp_path / "runs" / "tiny" / "jobs")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        result = run_cli("run", "--suite", str(tiny_suite), "--out", str(tmp_path / "runs"),
+                         "--results", str(tmp_path / "results"), "--quiet")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: job store ") and f"in use by another dihal-bench run (pid {holder.pid})" in line
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").iterdir())
+
+
 def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     result = run_cli("run", "--suite", str(tiny_suite), "--out", str(tmp_path / "runs"),
                      "--results", str(tmp_path / "results"), "--quiet")
@@ -164,13 +187,23 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     record = json.loads(path.read_text())
     assert record["format"] == "dihal-bench/run-record/v2" and record["seeds"] == [0]
     seed = record["per_seed"][0]
-    assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "ar-backbone"}
+    assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "control-skip",
+                                    "control-regressor", "reference-unigram", "reference-human", "ar-backbone"}
+    assert [point["steps"] for point in seed["steps_axis"]] == [1, 2]
+    assert all(point["layer"] == seed["roles"]["chosen"] and point["bridge_mse"] > 0 for point in seed["steps_axis"])
+    assert {seed["methods"][name]["kind"] for name in ("control-skip", "control-regressor")} == {"control"}
+    assert seed["methods"]["control-regressor"]["in_budget"] is True
+    assert "depth" in seed["sweep"]["correlations"] and "depth" in seed["sweep"]["correlations_trace"]
+    assert len(seed["locate"]["top_channel_share"]) == len(seed["locate"]["layers"])
     assert seed["roles"]["chosen"] == seed["locate"]["chosen_layer"]
     swept = [row["layer"] for row in seed["sweep"]["layers"]]
     assert seed["roles"]["worst"] in swept and seed["roles"]["oracle"] in swept
     for name, method in seed["methods"].items():
         assert method["metrics"]["gen_ppl"] > 1 and method["metrics"]["entropy"] > 0, name
-        assert method["latency"]["batch1_ms_per_token"] > 0
+        if method["kind"] == "reference":
+            assert method["latency"] is None, name
+        else:
+            assert method["latency"]["batch1_ms_per_token"] > 0, name
     assert seed["methods"]["ar-backbone"]["in_budget"] is False
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
     assert record["environment"]["torch"] and record["config"]["budget"]["steps"] == 6
@@ -269,3 +302,15 @@ def test_bridge_job_identity_changes_with_the_architecture():
     small, wide = BridgeSpec(options={"d_model": 32, "heads": 2}), BridgeSpec(options={"d_model": 64, "heads": 2})
     assert small.identity(16)["bridge_parameters"] == count_trainable(DihalBridge(16, d_model=32, heads=2))
     assert spec_hash("dihal-train", small.identity(16)) != spec_hash("dihal-train", wide.identity(16))
+
+
+def test_auto_sweep_layers_has_exactly_count_layers_dense_over_the_shallow_ones():
+    from dihal_bench.plan import auto_sweep_layers
+
+    assert auto_sweep_layers(30, {3, 25}, 14) == [1, 2, 3, 4, 5, 6, 7, 11, 15, 18, 21, 25, 26, 29]
+    for layers in (5, 12, 30):
+        for count in range(1, layers + 2):
+            for required in ({1}, {layers - 1}, {2, layers // 2}):
+                picked = auto_sweep_layers(layers, required, count)
+                assert len(picked) == min(count, layers - 1) or len(required) > count
+                assert required <= set(picked) and set(picked) <= set(range(1, layers))

@@ -196,3 +196,33 @@ def test_partial_spearman_undefined_cases():
     assert partial_spearman(z ** 3, np.sin(z), z) is None  # x's ranks are z's ranks
     with pytest.raises(ValueError):
         partial_spearman([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3])
+
+
+def test_layer_correlations_hold_the_depth_control_and_the_variants():
+    from dihal_bench.sweep import layer_correlations
+
+    layers = [1, 2, 3, 4, 5, 6]
+    located = {
+        "layers": layers, "preprocessing": "trace",
+        "score": [0.5, 2.0, 1.0, 3.0, -1.0, 0.0],
+        "proxies": {"effective_rank": {"higher_is_better": False, "values": [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]}},
+        "variants": {"trace": {"score": [0.5, 2.0, 1.0, 3.0, -1.0, 0.0]},
+                     "standardize": {"score": [6.0, 5.0, 4.0, 3.0, 2.0, 1.0]}},
+    }
+    rows = [{"layer": layer, "bridge_mse": 0.1 * layer, "bridge_mse_trace": 1.0 / layer} for layer in layers]
+    result = layer_correlations(located, rows, seed=0)
+    assert set(result) == {"score", "effective_rank", "depth", "score[standardize]"}
+    # bridge MSE grows with depth, so depth and the standardised score rank the layers exactly
+    assert result["depth"]["spearman"] == pytest.approx(1.0) and result["depth"]["spearman_p"] == pytest.approx(2 / 720)
+    assert result["score[standardize]"]["spearman"] == pytest.approx(1.0)
+    # −effective rank rises with depth here: exactly wrong
+    assert result["effective_rank"]["spearman"] == pytest.approx(-1.0)
+    # nothing is left beyond depth where the series or the target is depth's ranking itself
+    assert result["depth"]["partial_spearman_given_depth"] is None
+    assert result["score"]["partial_spearman_given_depth"] is None
+    noisy = [{"layer": layer, "bridge_mse": mse} for layer, mse in zip(layers, [0.1, 0.3, 0.2, 0.5, 0.4, 0.6])]
+    assert layer_correlations(located, noisy, seed=0)["score"]["partial_spearman_given_depth"] == pytest.approx(
+        partial_spearman(located["score"], [-row["bridge_mse"] for row in noisy], layers))
+    flipped = layer_correlations(located, rows, seed=0, target="bridge_mse_trace")
+    assert flipped["depth"]["spearman"] == pytest.approx(-1.0)
+    assert "warning" in layer_correlations(located, rows[:2], seed=0)

@@ -9,7 +9,7 @@ from dihal_bench.cli.locating import locate
 from dihal_bench.cli.study import run
 from dihal_bench.cli.tables import leaderboard, lm_eval_cmd
 
-__all__ = ["cli", "main", "plugins", "suites", "locate", "run", "leaderboard", "lm_eval_cmd"]
+__all__ = ["cli", "leaderboard", "lm_eval_cmd", "locate", "main", "plugins", "run", "suites"]
 
 
 def main():

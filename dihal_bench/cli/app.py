@@ -93,3 +93,16 @@ def parse_int_list(text: str, what: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise DihalError(f"{what} {text!r} is not a comma-separated list of integers") from None
+
+
+def _silence_libraries(ctx: click.Context, param: click.Parameter, quiet: bool) -> bool:
+    """``--quiet`` also turns off the progress bars of the libraries that load models and data."""
+    if quiet:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    return quiet
+
+
+#: the ``--quiet`` flag of every command that does long work
+quiet_option = click.option("--quiet", is_flag=True, help="No progress bars.", callback=_silence_libraries)

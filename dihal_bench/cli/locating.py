@@ -12,6 +12,7 @@ from dihal_bench.cli.app import (
     cli,
     parse_assignments,
     parse_number,
+    quiet_option,
     write_json,
 )
 from dihal_bench.errors import DihalError
@@ -26,16 +27,21 @@ from dihal_bench.suite import DIHAL_PROXIES, PREPROCESSING
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--proxies", default=",".join(DIHAL_PROXIES),
               show_default=True, help="Comma-separated proxy names, or 'all' for every registered proxy.")
-@click.option("--preprocessing", type=click.Choice(PREPROCESSING), default="trace", show_default=True)
+@click.option("--preprocessing", type=click.Choice(PREPROCESSING), default="trace", show_default=True,
+              help="The preprocessing whose S(ℓ) chooses ℓ*.")
+@click.option("--variants", default="trace,standardize,trace-drop-top", show_default=True,
+              help="Comma-separated preprocessings whose S(ℓ) and ℓ* are shown beside (empty: none).")
+@click.option("--drop-top", type=click.IntRange(min=0), default=4, show_default=True,
+              help="k of trace-drop-top: the largest-variance channels removed from each layer.")
 @click.option("--param", "params", multiple=True, metavar="PROXY.KEY=VALUE", help="Override a proxy constant.")
 @click.option("--weight", "weights", multiple=True, metavar="PROXY=W", help="Weight of a proxy in the score (default 1).")
 @backbone_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/locate", show_default=True,
               help="Folder for locate.json, locate.csv and locate.png.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write only the JSON record, here.")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
-def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preprocessing, params, weights, device,
-           dtype, out_dir, json_path, quiet):
+@quiet_option
+def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preprocessing, variants, drop_top, params,
+           weights, device, dtype, out_dir, json_path, quiet):
     """Score every layer's hidden-state geometry and choose the insertion layer ℓ*."""
     import math
 
@@ -70,7 +76,10 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
         if not math.isfinite(weight_values[proxy]):
             raise DihalError(f"--weight {proxy}={text}: a weight must be a finite number")
     config = locate_module.LocateConfig(tokens=tokens, seq_len=seq_len, seed=seed, proxies=selected,
-                                        preprocessing=preprocessing, params=overrides, weights=weight_values)
+                                        preprocessing=preprocessing, params=overrides, weights=weight_values,
+                                        variants=locate_module.check_variants(
+                                            v.strip() for v in variants.split(",") if v.strip()),
+                                        drop_top=drop_top)
     check_backbone_name(backbone_name, "--backbone")
     check_corpus_name(corpus_name, "--corpus")
     check_device(device, "--device")
@@ -82,7 +91,10 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
     timings = result["timings"]
     click.echo(f"ℓ* = {result['chosen_layer']} for {result['backbone']['name']} "
                f"(N={result['tokens_sampled']} tokens, {result['preprocessing']} preprocessing; "
-               f"extraction {timings['extract_seconds']:.1f}s, proxies {timings['proxy_seconds']:.1f}s)")
+               f"extraction {timings['extract_seconds']:.1f}s, proxies {timings['proxy_seconds']:.1f}s, "
+               f"other preprocessings {timings['variant_seconds']:.1f}s)")
+    for line in locate_module.summary_lines(result):
+        click.echo(line)
     if json_path:
         write_json(json_path, result)
         click.echo(f"wrote {json_path}")

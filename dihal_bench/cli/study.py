@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dihal_bench.cli.app import cli, parse_assignments
+from dihal_bench.cli.app import cli, parse_assignments, quiet_option
 from dihal_bench.errors import DihalError
 
 
@@ -40,7 +40,7 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
               help="Where the run record is written (the committed records in results/ are written only when "
                    "you name that folder).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved plan, the jobs and their estimated cost; run nothing.")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
+@quiet_option
 def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, quiet):
     """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record."""
     from dihal_bench.preflight import check_suite

@@ -13,6 +13,7 @@ from dihal_bench.cli.app import (
     cli,
     parse_assignments,
     parse_int_list,
+    quiet_option,
     write_json,
 )
 from dihal_bench.cli.study import resolved_suite
@@ -47,7 +48,7 @@ def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone
 
 
 def _training_options(f):
-    f = click.option("--quiet", is_flag=True, help="No progress bars.")(f)
+    f = quiet_option(f)
     f = click.option("--epochs", type=click.IntRange(min=1), help="Passes allowed over the training sequences (overrides the budget).")(f)
     f = click.option("--set", "sets", multiple=True, metavar="budget.KEY=VALUE",
                      help="Budget override, e.g. budget.steps=200.")(f)
@@ -99,6 +100,8 @@ def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, 
     result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec, eval_sequences=eval_sequences,
                                     work_dir=Path(out_dir) / "checkpoints", progress=not quiet)
     result["correlations"] = sweep_module.layer_correlations(located, result["layers"], seed)
+    result["correlations_trace"] = sweep_module.layer_correlations(located, result["layers"], seed,
+                                                                   "bridge_mse_trace")
     result.update(locate=located, budget=budget.to_dict(), backbone=backbone.name, corpus=corpus.name)
     click.echo(sweep_module.format_sweep(result))
     for path in sweep_module.write_sweep_outputs(result, Path(out_dir)):

@@ -17,9 +17,13 @@ from dihal_bench.leaderboard.read import CORRELATION_KEYS, Group
 
 METHODS_NOTE = (
     "Latency is wall-clock per generated token at batch 1, and its ratio to the backbone's own "
-    "decode in the same run. Budget: matched = trained under the matched budget; reference = "
-    "outside it (the backbone itself). What each metric measures, and which direction is better: "
-    "the metrics table."
+    "decode in the same run. Budget: matched = trained under the matched budget; outside = "
+    "trains nothing (the intact backbone, the skip control: layers 1..ℓ* deleted); no model = "
+    "text drawn rather than generated (reference-unigram: i.i.d. tokens from the training "
+    "split's unigram distribution, a floor; reference-human: held-out validation windows, a "
+    "ceiling). control-regressor is DiHAL's bridge network trained to map h_0 to h_ℓ* in one "
+    "step, without diffusion. What each metric measures, and which direction is better: the "
+    "metrics table."
 )
 METRICS_NOTE = (
     "The metrics of the methods table, as the run records describe them (from each metric's "
@@ -34,10 +38,16 @@ LAYERS_NOTE = (
     "lists the seeds whose locate step chose the layer."
 )
 PROXIES_NOTE = (
-    "Spearman ρ and Kendall τ of each proxy (signed so that higher is better) and of S(ℓ) with "
-    "−(bridge validation MSE) over the swept layers: the mean ± std over seeds of the per-seed "
-    "point estimates. The 95% intervals are the means over seeds of each seed's bootstrap "
-    "percentile bounds (resampling layers), not an interval of the pooled estimate."
+    "Spearman ρ and Kendall τ of each proxy (signed so that higher is better), of S(ℓ) and of "
+    "S(ℓ) under other preprocessings (score[…]) with −(bridge validation MSE) over the swept "
+    "layers: the mean ± std over seeds of the per-seed point estimates. `depth` is the reference "
+    "ranking \"shallower is better\": a proxy says something about bridgeability only where it "
+    "beats depth, which the partial ρ given depth measures (rank correlation with the layer index "
+    "held fixed). p: two-sided permutation p-values (exact up to 8 layers), averaged over seeds. "
+    "The 95% intervals are the means over seeds of each seed's bootstrap percentile bounds "
+    "(resampling layers), not an interval of the pooled estimate. Rows marked · trace-metric MSE "
+    "use the bridge error in the metric of trace preprocessing, where dimensions weigh as they "
+    "do for the proxies."
 )
 
 #: Sweep row key -> layer table header.
@@ -132,11 +142,16 @@ def method_table(group: Group) -> Table:
     stats = summarise(frame, "method", [column.key for column in columns if column.kind != "text"])
     per_method = frame.groupby("method", sort=False)
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
-              "budget": ["matched" if rows["in_budget"].all() else "reference (outside budget)"
-                         for _, rows in per_method]}
+              "budget": [budget_label(rows) for _, rows in per_method]}
     numbers = stats.reset_index().assign(**labels)[["method", "name", "budget", *stats.columns]]
     note = " ".join([METHODS_NOTE, *metric_notes(group)])
     return Table("methods", "Methods", note, numbers, labels, columns, group.seeds)
+
+
+def budget_label(rows: pd.DataFrame) -> str:
+    if rows["in_budget"].all():
+        return "matched"
+    return "no model" if (rows["kind"] == "reference").all() else "outside"
 
 
 def metric_notes(group: Group) -> list[str]:
@@ -210,7 +225,11 @@ def proxy_table(group: Group) -> Table:
     labels = {"proxy": ["score (combined S(ℓ))" if proxy == "score" else proxy for proxy in stats.index]}
     columns = [Column("proxy", "Proxy", "text"),
                Column("spearman", "Spearman ρ"), Column("spearman", "ρ 95% CI (mean bounds)", "interval"),
-               Column("kendall", "Kendall τ"), Column("kendall", "τ 95% CI (mean bounds)", "interval"),
+               Column("spearman_p", "ρ p"),
+               Column("partial_spearman_given_depth", "partial ρ given depth"),
+               Column("kendall", "Kendall τ", main=False), Column("kendall", "τ 95% CI (mean bounds)", "interval",
+                                                                  main=False),
+               Column("kendall_p", "τ p", main=False),
                Column("swept_layers", "Swept layers", "count")]
     note = " ".join([PROXIES_NOTE, *group.notes])
     return Table("proxies", "Proxies", note, stats.reset_index(), labels, columns, group.seeds)

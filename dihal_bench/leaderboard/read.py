@@ -37,7 +37,10 @@ METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer")
 #: Per-layer values of the sweep (core: the runner writes them for every swept layer).
 SWEEP_KEYS = ("bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl")
 #: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.stats' output).
-CORRELATION_KEYS = ("spearman", "spearman_low", "spearman_high", "kendall", "kendall_low", "kendall_high")
+CORRELATION_KEYS = ("spearman", "spearman_low", "spearman_high", "spearman_p", "kendall", "kendall_low",
+                    "kendall_high", "kendall_p", "partial_spearman_given_depth")
+#: The sweep's correlation sets: key -> the suffix of its proxy rows ("" for the standardised MSE).
+CORRELATION_SETS = {"correlations": "", "correlations_trace": " · trace-metric MSE"}
 #: Keys of the layer and z-score rows besides the proxies': a proxy may not take one.
 LAYER_ROW_KEYS = {"record", "seed", "layer", "chosen", "score", *SWEEP_KEYS}
 #: The kinds of flat rows a record is read into.
@@ -195,12 +198,14 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
         rows["layers"] += [{**tag, **row} for row in layers]
         rows["z"] += [{**tag, **row} for row in z]
-        for name, values in entry["sweep"]["correlations"].items():
-            if isinstance(values, dict):
-                estimates = {key: _number(values.get(key)) for key in CORRELATION_KEYS}
-                rows["proxies"].append({**tag, "proxy": name, **estimates, "swept_layers": _number(values.get("n"))})
-            else:  # {"warning": why there are none}
-                notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
+        for key, suffix in CORRELATION_SETS.items():
+            for name, values in (entry["sweep"].get(key) or {}).items():
+                if isinstance(values, dict):
+                    estimates = {k: _number(values.get(k)) for k in CORRELATION_KEYS}
+                    rows["proxies"].append({**tag, "proxy": name + suffix, **estimates,
+                                            "swept_layers": _number(values.get("n"))})
+                elif not suffix:  # {"warning": why there are none}, said once
+                    notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
     return rows, seeds, notes
 
 

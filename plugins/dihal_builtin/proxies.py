@@ -8,13 +8,16 @@ them in the run and lets the user override them. All arithmetic is in float64.
 
 The first three are DiHAL's (arXiv 2605.14368, docs/method.md#locate): local curvature, global
 monotonicity and effective rank. The rest are standard estimators of intrinsic dimension
-and shape, offered so that users can see whether they predict bridgeability as well.
+and shape, offered so that users can see whether they predict bridgeability as well, and
+``depth``, the reference that any geometry score has to beat.
 
 Global Σ below is the population covariance (1/N), so that after ``trace`` preprocessing
 tr Σ / d is exactly 1. Medians are the usual midpoint median and skip NaNs.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 
@@ -215,6 +218,23 @@ def mle_dimension(hidden: torch.Tensor, *, k: int = 20, max_points: int = 1024, 
     return (1.0 / inverse_estimates.mean()).item()
 
 
+def depth(hidden: torch.Tensor, *, layer: int | None = None) -> float:
+    """The layer index ℓ itself; lower is better ("shallower is better").
+
+    Not geometry: the reference ranking. Bridgeability falls with depth almost whatever
+    the hidden states look like (a shallower target is fewer layers away from the
+    embeddings the bridge starts from), so a proxy only informs the choice of ℓ* to the
+    extent that it ranks layers better than depth alone. Locate reports it beside every
+    proxy but adds it to the score only where a user selects it. The harness passes
+    ``layer``; the states are not looked at.
+    """
+    if layer is None:
+        raise DihalError("depth needs the index of the layer being scored (locate passes it as layer=)")
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise DihalError(f"depth needs an integer layer index, got {layer!r}")
+    return float(layer)
+
+
 @hookimpl
 def register_proxies(register):
     register("local_curvature", local_curvature, higher_is_better=True)
@@ -224,3 +244,5 @@ def register_proxies(register):
     register("anisotropy", anisotropy, higher_is_better=False)
     register("twonn_dimension", twonn_dimension, higher_is_better=False)
     register("mle_dimension", mle_dimension, higher_is_better=False)
+    register("depth", depth, higher_is_better=False,
+             description="the layer index: the shallower-is-better reference, outside the score unless selected")

@@ -14,7 +14,8 @@ from dihal_bench.backbone import Backbone
 from dihal_bench.baseline import CONFIG_FILE, Baseline, read_config
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import check_sampling, intact_control
+from dihal_bench.hybrid import intact_control
+from dihal_bench.sampling import check_sampling
 from dihal_bench.records import write_json_atomic
 from dihal_bench.training import TrainResult
 

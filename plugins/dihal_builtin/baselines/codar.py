@@ -13,7 +13,7 @@ from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import check_sampling
+from dihal_bench.sampling import check_sampling
 
 from .common import (
     Denoiser,

@@ -33,7 +33,7 @@ from dihal_bench.backbone import Backbone
 from dihal_bench.baseline import Baseline
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import sample_next_token
+from dihal_bench.sampling import sample_next_token
 from dihal_bench.training import TrainResult
 
 from ..layers import Block, timestep_embedding
