@@ -33,7 +33,10 @@ CONFIG_FILE = "baseline.json"
 
 class Baseline(ABC):
     """Subclasses set ``name`` and ``paper``, build their trainable modules in ``__init__``
-    (sized to ``budget.param_allowance`` when it is set) and implement the abstract methods.
+    (sized to ``budget.param_allowance`` when it is set) and implement the abstract methods. One
+    whose architecture depends on the training data (the diffusion baselines' token tables)
+    builds its modules in ``fit``, saves what it took from the data in ``config`` and rebuilds
+    them from it in ``restore``.
 
     ``in_budget = False`` marks a reference that trains nothing (the intact backbone):
     tables show it, flagged as outside the budget.
@@ -48,6 +51,10 @@ class Baseline(ABC):
     #: the option that sets the number of diffusion sampling steps, which a suite fills from
     #: ``sampling.diffusion_steps`` (None: the method has no such steps)
     steps_option: str | None = None
+    #: the options, named like the suite's ``sampling.temperature`` and ``sampling.top_p``, that set
+    #: how the method's autoregressive decoder draws each token, which a suite fills from those
+    #: keys (empty: the method draws no tokens from a next-token distribution)
+    token_sampling_options: tuple[str, ...] = ()
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         self.backbone = backbone
@@ -75,8 +82,26 @@ class Baseline(ABC):
         return {}
 
     def config(self) -> dict:
-        """JSON-able description that rebuilds the same architecture: ``cls(backbone, budget, seed, **options)``."""
+        """JSON-able description that rebuilds the same architecture: ``cls(backbone, budget, seed, **options)``,
+        then :meth:`restore` of this description where the architecture also depends on the training data."""
         return {"name": self.name, "seed": self.seed, "options": self.options, "budget": self.budget.to_dict()}
+
+    def restore(self, saved: dict, directory: Path) -> None:
+        """Rebuild, from a saved :meth:`config` (read from ``directory``), what the architecture took
+        from the training data, before the weights are read into it. Nothing, by default."""
+
+    def check_saved(self, saved: dict, directory: Path) -> None:
+        """A DihalError unless the ``saved`` config is this method's, trained with the same options.
+        The options that only shape sampling (``steps_option``, ``token_sampling_options``) may
+        differ: one trained model samples under any of them."""
+        sampling_only = {self.steps_option, *self.token_sampling_options}
+
+        def training(options) -> dict | None:
+            return {k: v for k, v in options.items() if k not in sampling_only} if isinstance(options, dict) else None
+
+        if saved.get("name") != self.name or training(saved.get("options")) != training(self.options):
+            raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
+                             f"not {self.name!r} with {self.options}")
 
     # -- training -----------------------------------------------------------------------------
     def module(self) -> nn.Module:
@@ -123,9 +148,8 @@ class Baseline(ABC):
             raise DihalError(f"{self.name}: no trained checkpoint in {directory}; train it first "
                              f"(dihal-bench baseline train {self.name})")
         saved = read_config(directory)
-        if saved.get("name") != self.name or saved.get("options") != self.options:
-            raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
-                             f"not {self.name!r} with {self.options}")
+        self.check_saved(saved, directory)
+        self.restore(saved, directory)
         # weights saved before baseline.json held a sha256 are still read, unverified
         weights = read_safetensors(directory / WEIGHTS_FILE, saved.get("weights_sha256"),
                                    recorded_in=directory / CONFIG_FILE)

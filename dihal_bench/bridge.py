@@ -1,4 +1,4 @@
-"""The hidden-state bridge contract (DESIGN.md §4.2).
+"""The hidden-state bridge contract (docs/method.md#bridge).
 
 A bridge maps a condition c (the embedding output h_0 of the input tokens, shape
 (n, T, d)) to an estimate ĥ of the hidden state h_ℓ at the insertion layer (same shape).
@@ -17,6 +17,12 @@ position's ĥ once computed, so a bridge may also offer *incremental sampling*
 keep what it computed for the positions seen so far and compute only the new ones. A
 bridge that does not is still correct: the hybrid then re-samples the whole prefix at
 every token, at a cost that grows with the prefix.
+
+Position 0, the attention sink, is never estimated: under causal attention its h_ℓ depends
+on the first token alone, so the caller can compute it exactly (``HybridLM.sink_state``), and
+it is given to the bridge in training (it is in ``target``) and in sampling (``sink``). A
+bridge conditions its other positions on that exact state, the same in both, and returns it
+unchanged at position 0 (docs/method.md#bridge).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ class HiddenStateBridge(nn.Module, ABC):
 
     Shapes: ``cond`` and ``target`` are (n, T, width) float tensors; ``mask`` is an (n, T)
     bool tensor, True at the tokens that count (the caller leaves out position 0, the
-    attention sink, and padding).
+    attention sink, and padding). ``sink`` is the exact, de-standardised h_ℓ at position 0,
+    (n, 1, width).
 
     ``max_len`` is the most positions the bridge takes (learned positions, say), or None for
     no limit: evaluations that feed long windows (lm-eval's rolling perplexity) stay within it.
@@ -76,7 +83,8 @@ class HiddenStateBridge(nn.Module, ABC):
 
     @abstractmethod
     def loss(self, cond: Tensor, target: Tensor, mask: Tensor, generator: torch.Generator) -> Tensor:
-        """Scalar training objective on one batch; all randomness drawn from ``generator``."""
+        """Scalar training objective on one batch; all randomness drawn from ``generator``.
+        ``target[:, 0]`` is the exact sink state, which sampling is given as ``sink``."""
 
     @abstractmethod
     def sample(
@@ -85,14 +93,20 @@ class HiddenStateBridge(nn.Module, ABC):
         steps: int | None = None,
         generator: torch.Generator | None = None,
         stochastic: bool = False,
+        sink: Tensor | None = None,
     ) -> Tensor:
         """De-standardised ĥ for ``cond``, shape (n, T, width). ``steps`` overrides the
-        bridge's default number of sampling steps; deterministic unless ``stochastic``."""
+        bridge's default number of sampling steps; deterministic unless ``stochastic``.
 
-    def new_sample_cache(self, steps: int | None = None) -> SampleCache | None:
+        With ``sink`` (n, 1, width) the sample is conditioned on the exact position-0 state, as
+        in training, and holds it at position 0. Without it the bridge estimates position 0
+        too, a state it was not trained on (the no-sink-passthrough ablation)."""
+
+    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None) -> SampleCache | None:
         """An empty cache for :meth:`sample_step` with ``steps`` sampling steps (None: the
-        bridge's default), or None where the bridge only samples whole sequences (this
-        default): callers then re-run :meth:`sample` on the whole prefix."""
+        bridge's default) and the exact position-0 state ``sink`` (as in :meth:`sample`), or
+        None where the bridge only samples whole sequences (this default): callers then
+        re-run :meth:`sample` on the whole prefix."""
         return None
 
     def sample_step(self, cond_new: Tensor, cache: SampleCache) -> Tensor:
@@ -100,7 +114,7 @@ class HiddenStateBridge(nn.Module, ABC):
         that follow the ``cache.length`` positions the cache has seen, which it then holds too.
 
         Deterministic sampling only; up to float rounding, the result equals
-        ``sample(all conditions so far, cache.steps)[:, -T_new:]``: batched over other
+        ``sample(all conditions so far, cache.steps, sink=cache.sink)[:, -T_new:]``: batched over other
         positions, the same arithmetic may round differently. Only bridges whose
         :meth:`new_sample_cache` returns a cache implement it."""
         raise NotImplementedError(f"{type(self).__name__} samples whole sequences only (no sample cache)")
@@ -112,12 +126,12 @@ class HiddenStateBridge(nn.Module, ABC):
 
 class SampleCache:
     """What a bridge keeps between :meth:`HiddenStateBridge.sample_step` calls for one batch
-    of sequences: ``steps``, the sampling steps every call uses, and ``length``, the number of
-    positions seen so far (the absolute position of the next one). Bridges subclass it to
-    add their state."""
+    of sequences: ``steps``, the sampling steps every call uses, ``sink``, the exact
+    position-0 state or None, and ``length``, the number of positions seen so far (the
+    absolute position of the next one). Bridges subclass it to add their state."""
 
-    def __init__(self, steps: int):
-        self.steps, self.length = steps, 0
+    def __init__(self, steps: int, sink: Tensor | None = None):
+        self.steps, self.sink, self.length = steps, sink, 0
 
     def advance(self, new_positions: int, limit: int | None = None) -> int:
         """Count ``new_positions`` more positions and return where they start; refuse to go
@@ -158,6 +172,11 @@ def masked_moments(states: Tensor, mask: Tensor, name: str, chunk: int = 256) ->
     count = int(mask.sum())
     mean = total / count
     return mean, (squares / count - mean.pow(2)).clamp_min(0).sqrt()
+
+
+def hold_sink(states: Tensor, sink: Tensor) -> Tensor:
+    """``states`` (n, T, d) with position 0 replaced by the sink state ``sink`` (n, 1, d)."""
+    return torch.cat([sink, states[:, 1:]], dim=1)
 
 
 def training_loss(bridge: HiddenStateBridge, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:

@@ -73,7 +73,8 @@ def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: 
     backbone.check_layer(saved_layer)
     bridge = build_bridge(name, **config)
     if bridge.width != backbone.width:
-        raise DihalError(f"bridge checkpoint {directory} has width {bridge.width}, backbone {backbone.name} has {backbone.width}")
+        raise DihalError(f"bridge checkpoint {directory} has width {bridge.width}, "
+                         f"backbone {backbone.name} has {backbone.width}")
     weights = directory / CHECKPOINT_WEIGHTS
     if not weights.is_file():
         raise DihalError(f"bridge checkpoint {directory} has no {CHECKPOINT_WEIGHTS}")
@@ -82,5 +83,6 @@ def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: 
     try:
         bridge.load_state_dict(tensors)
     except RuntimeError as exc:
-        raise DihalError(f"bridge weights in {weights} do not fit bridge {name!r}: {str(exc).splitlines()[0]}") from None
+        raise DihalError(f"bridge weights in {weights} do not fit bridge {name!r}: "
+                         f"{str(exc).splitlines()[0]}") from None
     return bridge.to(backbone.device).eval(), saved_layer

@@ -2,9 +2,19 @@
 runner's DiHAL methods and the single-stage commands.
 
 A :class:`BridgeSpec` says which registered bridge, with which options, under which budget.
-The training data is a seeded subset of the packed training split (:func:`training_subset`)
-with its hidden states at the layers needed (:func:`with_states`), extracted once and shared
-by every bridge and baseline that trains on it.
+The training data is a seeded subset of the packed training split (:func:`training_subset`),
+made into the bridge's windows (:func:`bridge_windows`: the start token, then the text) with
+their hidden states at the layers needed (:func:`with_states`), extracted once and shared by
+every bridge that trains on it; the baselines train on the same text windows.
+
+**Choice: the start token.** Every autoregressive method starts generating from one token,
+``hybrid.start_token_id`` (BOS, else EOS), which packed text windows never hold (they carry
+no special tokens). So that the bridge sees in training the position 0 it starts from in
+sampling, its windows, training and validation alike, are that token followed by the first
+T−1 tokens of a text window: the length stays T (the bridge's learned positions and the
+budget's tokens per step are unchanged) and window i holds the same text as the baselines'
+window i, less its last token. Position 0 is then always the same token, whose exact state
+(the sink) the bridge is given rather than learns (docs/method.md#bridge).
 """
 
 from __future__ import annotations
@@ -18,14 +28,19 @@ from dihal_bench.backbone import Backbone
 from dihal_bench.bridge import HiddenStateBridge, build_bridge, training_loss
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import Corpus, pack, tokenize_documents
+from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import (
     bridge_reconstruction,
     kl_to_backbone,
     teacher_forced_nll,
 )
 from dihal_bench.hidden import extract_layers
-from dihal_bench.hybrid import HybridLM, skip_control
+from dihal_bench.hybrid import HybridLM, skip_control, start_token_id
 from dihal_bench.training import count_trainable, train
+
+#: what a trained bridge's data and objective are, beyond the spec: job hashes include it, so that
+#: bridges trained on text-only windows or without the sink held are not reused
+BRIDGE_PROTOCOL = "start-token windows, sink held in training and sampling"
 
 
 @dataclass
@@ -49,7 +64,7 @@ class BridgeSpec:
         the architecture, so that a changed bridge implementation does not reuse stale jobs."""
         return {"bridge": self.name, "options": self.options, "budget": self.budget.to_dict(),
                 "sample_steps": self.sample_steps, "sink_passthrough": self.sink_passthrough,
-                "bridge_parameters": self.parameter_count(width)}
+                "bridge_parameters": self.parameter_count(width), "protocol": BRIDGE_PROTOCOL}
 
 
 @dataclass
@@ -62,10 +77,10 @@ class SplitTensors:
     @property
     def mask(self) -> torch.Tensor:
         mask = torch.ones(self.sequences.shape, dtype=torch.bool)
-        mask[:, 0] = False  # the attention sink: computed exactly by the hybrid, never learned
+        mask[:, 0] = False  # the attention sink: given to the bridge exactly, never learned
         return mask
 
-    def head(self, count: int) -> "SplitTensors":
+    def head(self, count: int) -> SplitTensors:
         return SplitTensors(self.sequences[:count], {layer: s[:count] for layer, s in self.states.items()})
 
 
@@ -84,11 +99,21 @@ def training_subset(sequences: torch.Tensor, budgets: list[Budget], seed: int) -
     return sequences[order[:count]]
 
 
+def bridge_windows(backbone: Backbone, sequences: torch.Tensor) -> torch.Tensor:
+    """The bridge's windows (n, T) made from text windows (n, T): the start token the hybrid
+    generates from, then each text window's first T−1 tokens (the module's choice above)."""
+    if sequences.dim() != 2 or sequences.shape[1] < 2:
+        raise DihalError(f"bridge windows need text windows (n, T) with T ≥ 2, got shape {tuple(sequences.shape)}")
+    start = torch.full((len(sequences), 1), start_token_id(backbone.tokenizer), dtype=sequences.dtype)
+    return torch.cat([start, sequences[:, :-1]], dim=1)
+
+
 def with_states(backbone: Backbone, sequences: torch.Tensor, layers: list[int], progress: bool = True) -> SplitTensors:
-    """The sequences with their hidden states at ``layers`` and at 0 (the bridge's condition),
-    from forward passes that stop at max(layers): a bridge at layer 3 of a 30-layer backbone
-    costs a tenth of a full pass to feed."""
-    return SplitTensors(sequences, extract_layers(backbone, sequences, sorted({0, *layers}), progress=progress))
+    """The bridge windows of text windows ``sequences`` (:func:`bridge_windows`) with their hidden
+    states at ``layers`` and at 0 (the bridge's condition), from forward passes that stop at
+    max(layers): a bridge at layer 3 of a 30-layer backbone costs a tenth of a full pass to feed."""
+    windows = bridge_windows(backbone, sequences)
+    return SplitTensors(windows, extract_layers(backbone, windows, sorted({0, *layers}), progress=progress))
 
 
 def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: SplitTensors,
@@ -112,12 +137,15 @@ def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: S
 
 def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, spec: BridgeSpec,
                    valid: SplitTensors, batch_size: int = 16) -> dict:
-    """Bridgeability (standardised MSE, R²) and the hybrid's perplexity and KL on validation."""
+    """Bridgeability (standardised MSE, the same in the ``trace`` metric, R²) and the hybrid's
+    perplexity and KL on validation; the bridge is given the exact sink state as the hybrid
+    gives it, i.e. with sink passthrough."""
     recon = bridge_reconstruction(bridge, valid.states[0], valid.states[layer], valid.mask,
-                                  spec.sample_steps, batch_size)
+                                  spec.sample_steps, batch_size, sink=spec.sink_passthrough)
     hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
     return {
         "bridge_mse": recon["mse"],
+        "bridge_mse_trace": recon["mse_trace"],
         "bridge_r2": recon["r2"],
         "hybrid_ppl": teacher_forced_nll(hybrid.logits, valid.sequences, batch_size)["ppl"],
         "kl_to_backbone": kl_to_backbone(backbone, hybrid, valid.sequences, batch_size),

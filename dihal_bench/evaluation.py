@@ -60,8 +60,13 @@ def kl_to_backbone(backbone: Backbone, hybrid: HybridLM, sequences: Tensor, batc
 
 @torch.no_grad()
 def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tensor, mask: Tensor,
-                          steps: int | None = None, batch_size: int = 64, *, progress: bool = False) -> dict:
+                          steps: int | None = None, batch_size: int = 64, *, sink: bool = True,
+                          progress: bool = False) -> dict:
     """Bridgeability of a layer: how well ``steps``-step sampled ĥ_ℓ matches h_ℓ.
+
+    With ``sink`` the bridge is given the exact position-0 state, ``target[:, :1]``, as the
+    hybrid gives it with sink passthrough (and as training does); without, it samples
+    position 0 too (the no-passthrough ablation).
 
     Both are standardised with the bridge's target statistics; over the tokens where
     ``mask`` (n, T) is True (the caller leaves out position 0), ``mse`` is the mean squared
@@ -89,7 +94,8 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
         keep = mask[rows].to(reference.device)
         if not keep.any():
             continue
-        sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps)
+        exact_sink = target[rows, :1].to(reference.device, reference.dtype) if sink else None
+        sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps, sink=exact_sink)
         # float64 inputs make the standardisation itself run in float64 (the buffers promote)
         raw_predicted = sampled[keep].double()
         raw_actual = target[rows].to(reference.device)[keep].double()
@@ -109,6 +115,25 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
         "r2": 1.0 - sse.item() / sst.item() if sst > 0 else float("nan"),
         "tokens": count,
     }
+
+
+#: the sampling steps :func:`steps_axis` measures by default
+STEPS_AXIS = (1, 2, 4, 8, 16)
+
+
+@torch.no_grad()
+def steps_axis(bridge: HiddenStateBridge, cond: Tensor, target: Tensor, mask: Tensor,
+               steps: tuple[int, ...] = STEPS_AXIS, batch_size: int = 64, *, sink: bool = True,
+               progress: bool = False) -> dict[int, dict]:
+    """Bridgeability at each number of sampling steps K in ``steps``, with the same weights:
+    {K: {"mse", "mse_trace", "r2"}} as :func:`bridge_reconstruction` measures them."""
+    if not steps or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in steps):
+        raise DihalError(f"the steps axis needs sampling steps ≥ 1, got {steps!r}")
+    axis = {}
+    for k in steps:
+        measured = bridge_reconstruction(bridge, cond, target, mask, k, batch_size, sink=sink, progress=progress)
+        axis[k] = {key: measured[key] for key in ("mse", "mse_trace", "r2")}
+    return axis
 
 
 def _predicted_tokens(sequences: Tensor) -> int:

@@ -1,4 +1,4 @@
-"""The DiHAL hybrid LM (DESIGN.md §4.2): bridge → layers ℓ+1..L → final norm → LM head.
+"""The DiHAL hybrid LM (docs/method.md#hybrid): bridge → layers ℓ+1..L → final norm → LM head.
 
 The bridge stands in for the backbone's layers 1..ℓ: from the embedding output h_0 it
 predicts ĥ_ℓ, and the frozen backbone resumes from there. Because the bridge is causal in
@@ -10,7 +10,11 @@ cache, so that each new token costs the bridge one position, not the whole prefi
 Position 0 needs no bridge: under causal attention its hidden state depends on its own token
 only, so running the lower layers on that single token gives h_ℓ[0] exactly ("sink
 passthrough"; the first position is the attention sink whose huge activations a bridge
-would otherwise have to learn).
+would otherwise have to learn). The bridge is given that exact state too, to condition the
+other positions on, as it was in training (``HiddenStateBridge.sample``'s ``sink``).
+
+Generation starts from one token, :func:`start_token_id`, the same for every autoregressive
+method; the bridge's training windows start with it too (``bridge_training.bridge_windows``).
 
 Controls use the same class with a stand-in bridge: :class:`SkipBridge` feeds h_0 straight
 to the upper layers (layers 1..ℓ deleted), and at ℓ = 0 it gives the intact backbone with
@@ -27,31 +31,41 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone
-from dihal_bench.bridge import HiddenStateBridge, SampleCache
+from dihal_bench.bridge import HiddenStateBridge, SampleCache, hold_sink
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling, sample_next_token
+from dihal_bench.sampling import check_sampling, sample_next_token, special_ids
+
+
+def start_token_id(tokenizer) -> int:
+    """The token every autoregressive method starts from: BOS, else EOS."""
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    if start is None:
+        raise DihalError("the tokenizer has neither a BOS nor an EOS token to start from")
+    return start
 
 
 class LowerStack(Protocol):
-    """What stands in for layers 1..ℓ: maps h_0 (n, T, d) to ĥ_ℓ (n, T, d), causally.
+    """What stands in for layers 1..ℓ: maps h_0 (n, T, d) to ĥ_ℓ (n, T, d), causally, given
+    the exact h_ℓ at position 0 as ``sink`` (n, 1, d) with sink passthrough, else None.
     Every :class:`HiddenStateBridge` is one.
 
-    It may also sample incrementally, with ``new_sample_cache(steps)`` and
+    It may also sample incrementally, with ``new_sample_cache(steps, sink)`` and
     ``sample_step(cond_new, cache)`` as in :class:`HiddenStateBridge`; one without them (or
     whose ``new_sample_cache`` returns None) is re-sampled over the whole prefix per token.
     """
 
-    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor: ...
+    def sample(self, cond: Tensor, steps: int | None = None, *, sink: Tensor | None = None) -> Tensor: ...
 
 
 class SkipBridge:
-    """The 'skip' control: ĥ_ℓ := h_0, as if layers 1..ℓ were simply deleted."""
+    """The 'skip' control: ĥ_ℓ := h_0, as if layers 1..ℓ were simply deleted (the sink, where
+    given, is put at position 0 by the hybrid)."""
 
-    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor:
+    def sample(self, cond: Tensor, steps: int | None = None, *, sink: Tensor | None = None) -> Tensor:
         return cond
 
-    def new_sample_cache(self, steps: int | None = None) -> SampleCache:
-        return SampleCache(steps=0)
+    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None) -> SampleCache:
+        return SampleCache(steps=0, sink=sink)
 
     def sample_step(self, cond_new: Tensor, cache: SampleCache) -> Tensor:
         cache.advance(cond_new.shape[1])
@@ -71,7 +85,7 @@ class OracleBridge:
         vocabulary = torch.arange(backbone.vocab_size, device=backbone.device)
         self.table = backbone.embed(vocabulary[None])[0]  # (V, d)
 
-    def sample(self, cond: Tensor, steps: int | None = None) -> Tensor:
+    def sample(self, cond: Tensor, steps: int | None = None, *, sink: Tensor | None = None) -> Tensor:
         flat = cond.reshape(-1, cond.shape[-1]).to(self.table.device, self.table.dtype)
         ids = torch.cdist(flat, self.table).argmin(-1)
         if not torch.equal(self.table[ids], flat):
@@ -107,15 +121,7 @@ class HybridLM:
     @torch.no_grad()
     def condition(self, input_ids: Tensor) -> Tensor:
         """The bridge's condition h_0 (B, T, d), on the bridge's device and in its dtype."""
-        cond = self.backbone.embed(input_ids)
-        if isinstance(self.bridge, HiddenStateBridge):  # bridges keep their own dtype and device
-            cond = cond.to(self.bridge.target_mean.device, self.bridge.target_mean.dtype)
-        return cond
-
-    @torch.no_grad()
-    def bridged_states(self, input_ids: Tensor) -> Tensor:
-        """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype."""
-        return self.bridge.sample(self.condition(input_ids), self.steps)
+        return self._for_bridge(self.backbone.embed(input_ids))
 
     @torch.no_grad()
     def sink_state(self, input_ids: Tensor) -> Tensor:
@@ -123,14 +129,32 @@ class HybridLM:
         return self.backbone.hidden_states(input_ids[:, :1], up_to=self.layer)[self.layer]
 
     @torch.no_grad()
+    def bridge_sink(self, input_ids: Tensor) -> Tensor | None:
+        """What the bridge is given at position 0: with sink passthrough the exact
+        :meth:`sink_state`, on the bridge's device and in its dtype; without, None."""
+        return self._for_bridge(self.sink_state(input_ids)) if self.sink_passthrough else None
+
+    @torch.no_grad()
+    def bridged_states(self, input_ids: Tensor, sink: Tensor | None = None) -> Tensor:
+        """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype; with sink
+        passthrough conditioned on the exact position-0 state, ``sink`` where the caller has
+        :meth:`bridge_sink` already."""
+        if sink is None:
+            sink = self.bridge_sink(input_ids)
+        return self.bridge.sample(self.condition(input_ids), self.steps, sink=sink)
+
+    @torch.no_grad()
     def lower_states(self, input_ids: Tensor) -> Tensor:
         """ĥ_ℓ (B, T, d) that the upper layers receive: the bridge's, with position 0 exact
         when sink passthrough is on."""
-        states = self.bridged_states(input_ids)
-        if not self.sink_passthrough:
-            return states
-        sink = self.sink_state(input_ids).to(states.device, states.dtype)
-        return torch.cat([sink, states[:, 1:]], dim=1)
+        sink = self.bridge_sink(input_ids)
+        states = self.bridged_states(input_ids, sink)
+        return states if sink is None else hold_sink(states, sink.to(states))
+
+    def _for_bridge(self, states: Tensor) -> Tensor:
+        if isinstance(self.bridge, HiddenStateBridge):  # bridges keep their own dtype and device
+            return states.to(self.bridge.target_mean.device, self.bridge.target_mean.dtype)
+        return states
 
     @torch.no_grad()
     def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
@@ -162,8 +186,10 @@ class HybridLM:
         Without ``prompt_ids`` every sample starts from the tokenizer's BOS token (EOS where
         there is none), which is not returned. ``prompt_ids`` is one prompt (P,) shared by all
         samples or one per sample (n, P). ``temperature`` 0 is greedy decoding; ``top_p`` < 1
-        is nucleus sampling. One generator seeded with ``seed`` draws every token, so the same
-        seed and batch size give the same tokens. ``use_cache=False`` recomputes the full
+        is nucleus sampling. No special token (BOS, EOS, padding...) is drawn: every method's
+        samples are ``max_new_tokens`` tokens of text, as the diffusion baselines' are. One
+        generator seeded with ``seed`` draws every token, so the same seed and batch size give
+        the same tokens. ``use_cache=False`` recomputes the full
         logits of the prefix at every step (a reference for the cached decode).
         """
         check_sampling(temperature, top_p)
@@ -171,24 +197,25 @@ class HybridLM:
             raise DihalError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         context = self.start_ids(n, prompt_ids)
         generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
+        banned = special_ids(self.backbone.tokenizer)
         samples = []
         for start in tqdm(range(0, n, batch_size), desc="hybrid generate", disable=not progress, leave=False):
             decoder = self.decoder(use_cache=use_cache)
             logits = decoder.append(context[start : start + batch_size])[:, -1]
-            tokens = [sample_next_token(logits, temperature, top_p, generator)]
+            tokens = [sample_next_token(logits, temperature, top_p, generator, banned=banned)]
             for _ in range(max_new_tokens - 1):
                 logits = decoder.append(tokens[-1][:, None])[:, -1]
-                tokens.append(sample_next_token(logits, temperature, top_p, generator))
+                tokens.append(sample_next_token(logits, temperature, top_p, generator, banned=banned))
             samples.append(torch.stack(tokens, dim=1).cpu())
         return torch.cat(samples)
 
     def start_ids(self, n: int, prompt_ids: Tensor | None = None) -> Tensor:
         """The token ids generation continues from, (n, P) on the backbone's device."""
         if prompt_ids is None:
-            tokenizer = self.backbone.tokenizer
-            start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-            if start is None:
-                raise DihalError(f"{self.backbone.name}: the tokenizer has neither a BOS nor an EOS token to start from")
+            try:
+                start = start_token_id(self.backbone.tokenizer)
+            except DihalError as exc:
+                raise DihalError(f"{self.backbone.name}: {exc}") from None
             return torch.full((n, 1), start, dtype=torch.long, device=self.backbone.device)
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.backbone.device)
         if prompt.dim() == 1:
@@ -204,8 +231,9 @@ class IncrementalDecoder:
 
     Cached (the default): the upper layers keep their key/value cache, and the bridge its
     sample cache where it has one; the sink state (sink passthrough) is computed once, from
-    the first token, through layers 1..ℓ only. A bridge without a sample cache is re-sampled
-    over the whole prefix, which gives the same states at a cost that grows with it.
+    the first token, through layers 1..ℓ only, and the bridge's cache is made then, with it.
+    A bridge without a sample cache is re-sampled over the whole prefix, which gives the same
+    states at a cost that grows with it.
     Uncached (``use_cache=False``): the teacher-forced :meth:`HybridLM.logits` of the whole
     prefix at every call, the reference the cached path must equal up to float rounding.
     """
@@ -216,8 +244,8 @@ class IncrementalDecoder:
         self.batch: int | None = None
         self.prefix: Tensor | None = None  # the tokens so far, where anything is recomputed from them
         self.upper_cache = hybrid.backbone.new_cache() if use_cache else None
-        new_sample_cache = getattr(hybrid.bridge, "new_sample_cache", None)
-        self.bridge_cache = new_sample_cache(hybrid.steps) if use_cache and new_sample_cache else None
+        self.sink: Tensor | None = None  # the bridge's sink (sink passthrough), from the first token
+        self.bridge_cache: SampleCache | None = None
 
     @torch.no_grad()
     def append(self, input_ids: Tensor) -> Tensor:
@@ -229,6 +257,8 @@ class IncrementalDecoder:
         hybrid, new = self.hybrid, input_ids.shape[1]
         input_ids = input_ids.to(hybrid.backbone.device)
         self.batch = input_ids.shape[0]
+        if self.use_cache and self.length == 0:
+            self._start(input_ids)
         if not self.use_cache or self.bridge_cache is None:
             self.prefix = input_ids if self.prefix is None else torch.cat([self.prefix, input_ids], dim=1)
         if not self.use_cache:
@@ -236,15 +266,22 @@ class IncrementalDecoder:
             return hybrid.logits(self.prefix)[:, -new:]
 
         if self.bridge_cache is None:
-            states = hybrid.bridged_states(self.prefix)[:, -new:]
+            states = hybrid.bridged_states(self.prefix, self.sink)[:, -new:]
         else:
             states = hybrid.bridge.sample_step(hybrid.condition(input_ids), self.bridge_cache)
-        if self.length == 0 and hybrid.sink_passthrough:
-            sink = hybrid.sink_state(input_ids).to(states.device, states.dtype)
-            states = torch.cat([sink, states[:, 1:]], dim=1)
+        if self.length == 0 and self.sink is not None:
+            states = hold_sink(states, self.sink.to(states))
         logits = hybrid.backbone.resume(states, hybrid.layer, cache=self.upper_cache, position_offset=self.length)
         self.length += new
         return logits
+
+    def _start(self, input_ids: Tensor) -> None:
+        """At the first tokens: the sink state (with sink passthrough) and the bridge's sample
+        cache, which holds it (None where the bridge samples whole sequences only)."""
+        hybrid = self.hybrid
+        self.sink = hybrid.bridge_sink(input_ids)
+        new_sample_cache = getattr(hybrid.bridge, "new_sample_cache", None)
+        self.bridge_cache = new_sample_cache(hybrid.steps, self.sink) if new_sample_cache else None
 
 
 def skip_control(backbone: Backbone, layer: int, *, sink_passthrough: bool = True) -> HybridLM:

@@ -119,7 +119,7 @@ def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
         *(Unit(method_stage(name), name) for name in method_names(config)),
         *(Unit("steps", steps_label(k)) for k in config["bridge"]["steps_axis"]),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
-        Unit("latency", "latency"),
+        *([Unit("latency", "latency")] if method_names(config) else []),  # a geometry-only suite has no methods
     ]
 
 

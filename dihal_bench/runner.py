@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from dihal_bench.backbone import Backbone, load_backbone
 from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
 from dihal_bench.bridge_training import (
+    BRIDGE_PROTOCOL,
     BridgeSpec,
     SplitTensors,
     evaluate_layer,
@@ -54,6 +55,8 @@ from dihal_bench.records import (
     write_json_atomic,
     write_text_atomic,
 )
+from dihal_bench.references import held_out_windows, unigram_samples
+from dihal_bench.sampling import special_ids
 from dihal_bench.sweep import check_layers, layer_correlations
 
 
@@ -130,13 +133,13 @@ class Run:
         for length in sorted({b.seq_len for b in budgets}):
             same_length = [b for b in budgets if b.seq_len == length]
             spec = {**self.identity(), "seq_len": length, "layers": sorted(layers), "seed": seed,
-                    "budgets": [b.to_dict() for b in same_length]}
+                    "budgets": [b.to_dict() for b in same_length], "windows": BRIDGE_PROTOCOL}
 
             def work(folder: Path, same_length=same_length) -> dict:
                 packed = packed_split(self.backbone, self.corpus, "train", same_length[0].seq_len)
                 sequences = training_subset(packed, same_length, seed)
                 states = with_states(self.backbone, sequences, layers, self.progress)
-                save_file({"sequences": sequences.contiguous()}, folder / "sequences.safetensors")
+                save_file({"sequences": states.sequences.contiguous()}, folder / "sequences.safetensors")
                 files = {}
                 for layer, tensor in states.states.items():
                     save_file({"states": tensor.contiguous()}, folder / f"layer-{layer}.safetensors")
@@ -154,8 +157,8 @@ class Run:
         return training_subset(packed, [budget], seed)[:budget.distinct_sequences]
 
     def train_states(self, budget: Budget, layer: int) -> SplitTensors:
-        """The training sequences a budget draws, with the bridge's condition (h_0) and target
-        (h_layer), read from the bridge-targets job."""
+        """The bridge windows of the training sequences a budget draws, with the bridge's condition
+        (h_0) and target (h_layer), read from the bridge-targets job."""
         stored = self.targets[budget.seq_len]
         count = budget.distinct_sequences
         sequences = load_file(self.store.resolve(stored["sequences"]))["sequences"][:count]
@@ -171,11 +174,18 @@ class Run:
                                          layers, self.progress)
         return cache[seq_len]
 
-    def reference_texts(self, n: int, seq_len: int) -> list[str]:
-        """Held-out human text: the first ``n`` test-split windows of ``seq_len`` backbone tokens."""
-        windows = pack(tokenize_documents(self.corpus.split("test"), self.backbone.tokenizer), seq_len,
-                       split_name="test")[:n]
-        return self.backbone.tokenizer.batch_decode(windows, skip_special_tokens=True)
+    def held_out_texts(self, split: str, n: int, seq_len: int, seed: int) -> tuple[list[str], torch.Tensor]:
+        """Up to ``n`` windows of ``seq_len`` backbone tokens from a held-out split, a seeded random
+        subset (references.held_out_windows), decoded: (texts, token ids)."""
+        windows = pack(tokenize_documents(self.corpus.split(split), self.backbone.tokenizer), seq_len,
+                       split_name=split)
+        picked = held_out_windows(windows, min(n, len(windows)), seed, what=split)
+        return self.backbone.tokenizer.batch_decode(picked, skip_special_tokens=True), picked
+
+    def reference_texts(self, n: int, seq_len: int, seed: int) -> list[str]:
+        """MAUVE's references (its P side): up to ``n`` test-split windows, a seeded subset.
+        The human reference row reads the validation split, so the two never share a window."""
+        return self.held_out_texts("test", n, seq_len, seed)[0]
 
 
 def run_suite(suite: str, config: dict, *, out_root: Path = Path("runs"), results_dir: Path = Path("runs/results"),
@@ -239,6 +249,8 @@ CORRELATION_TARGETS = ("bridge_mse", "bridge_mse_trace")
 REGRESSOR_BRIDGE = "regressor"
 #: what a point of the sampling-steps axis keeps of the bridge's validation measures
 STEPS_AXIS_KEYS = ("bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_to_backbone")
+#: the suite's metrics settings that change metric values, handed to every metric (MetricContext)
+METRIC_CONTEXT_KEYS = ("max_length", "min_valid", "mauve_bootstrap")
 #: tokens of the warm-up decode before latency is timed: enough to touch every code path
 WARM_UP_TOKENS = 8
 #: sample texts per method kept in the record, for pages that show a few without the job store
@@ -298,14 +310,15 @@ def run_seed(run: Run, seed: int) -> dict:
     steps_axis = [run.timed(steps_label(k), steps_point, run, methods["dihal-chosen"], spec, k, seed, data_layers)
                   for k in config["bridge"]["steps_axis"]]
 
-    references = run.reference_texts(config["sampling"]["samples"], config["sampling"]["seq_len"])
+    references = run.reference_texts(config["sampling"]["samples"], config["sampling"]["seq_len"], seed)
     for name, method in methods.items():
         method["metrics"] = run.timed(f"metrics {name}", run.store.run, "metrics",
                                       {"samples": method["samples_job"], "evaluator": config["evaluator"],
                                        "metrics": metric_names(config), "seed": seed,
-                                       "max_length": config["metrics"]["max_length"]},
+                                       "references": "seeded test windows",
+                                       **{k: config["metrics"][k] for k in METRIC_CONTEXT_KEYS}},
                                       lambda _, m=method, n=name: compute_metrics(run, n, m, references, seed))
-    latency = run.timed("latency", run.store.run, "latency",
+    latency = {} if not methods else run.timed("latency", run.store.run, "latency",
                         {**run.identity(), "methods": {n: m["samples_job"] for n, m in methods.items()},
                          "repeats": config["metrics"]["latency_repeats"], "seed": seed, "protocol": "interleaved"},
                         lambda _: measure_latency(run, methods, roles, spec, budget, seed))
@@ -402,6 +415,28 @@ def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer:
             "samples_job": _hash("samples", sample_job)}
 
 
+def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
+    """A reference row that trains nothing (docs/method.md#references). ``unigram``: i.i.d.
+    draws from the training split's unigram distribution, special tokens never drawn (the
+    floor). ``human``: held-out validation windows (the ceiling), scored as if generated."""
+    sampling = run.config["sampling"]
+    count, length = sampling["samples"], sampling["seq_len"]
+
+    def work(folder: Path) -> dict:
+        if name == "unigram":
+            train = packed_split(run.backbone, run.corpus, "train", budget.seq_len)
+            ids = unigram_samples(train, count, length, seed, banned=special_ids(run.backbone.tokenizer))
+        else:
+            ids = run.held_out_texts("validation", count, length, seed)[1]
+        return write_samples(run, folder, ids)
+
+    sample_job = {**run.identity(), "reference": name, "samples": count, "seq_len": length, "seed": seed,
+                  **({"train_seq_len": budget.seq_len} if name == "unigram" else {})}
+    samples = run.store.run("samples", sample_job, work)
+    return {"kind": "reference", "in_budget": False, "parameters": {}, "samples": samples,
+            "samples_job": _hash("samples", sample_job)}
+
+
 def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int, data_layers: list[int]) -> dict:
     """DiHAL at ℓ* with the same weights sampled in ``steps`` steps: bridgeability and hybrid
     PPL on the validation windows, and the Gen.PPL of samples drawn with that K."""
@@ -433,11 +468,16 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     config = run.config
     sampling = config["sampling"]
+    cls = get_registry().get("baseline", name).obj
     options = baseline_options(run, name)
-    train_job = {**run.identity(), "baseline": name, "budget": budget.to_dict(), "options": options}
+    # options that only shape sampling are in the sample job, so that changing them re-samples
+    # the trained model rather than training it again
+    sampling_only = {cls.steps_option, *cls.token_sampling_options}
+    train_job = {**run.identity(), "baseline": name, "budget": budget.to_dict(),
+                 "options": {k: v for k, v in options.items() if k not in sampling_only}}
 
     def build():
-        return get_registry().get("baseline", name).obj(run.backbone, budget, seed, **options)
+        return cls(run.backbone, budget, seed, **options)
 
     def train_work(folder: Path) -> dict:
         baseline = build()
@@ -458,7 +498,8 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
                               progress=run.progress)
         return write_samples(run, folder, ids)
 
-    sample_job = {"train": train_job, **{k: sampling[k] for k in ("samples", "seq_len")}, "seed": seed}
+    sample_job = {"train": train_job, **{k: sampling[k] for k in ("samples", "seq_len")}, "seed": seed,
+                  "options": {k: v for k, v in options.items() if k in sampling_only}}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
             "parameters": trained["parameters"], "samples": samples, "samples_job": _hash("samples", sample_job)}
@@ -487,7 +528,7 @@ def compute_named_metrics(run: Run, name: str, samples: SampleSet, references: l
     """``metrics`` of one method's samples, each value under the metric's name and its side
     values prefixed with it."""
     context = MetricContext(evaluator=run.evaluator, references=references, seed=seed,
-                            max_length=run.config["metrics"]["max_length"])
+                            **{key: run.config["metrics"][key] for key in METRIC_CONTEXT_KEYS})
     values = {}
     registry = get_registry()
     for metric in metrics:
@@ -567,9 +608,11 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
 
 
 def baseline_options(run: Run, name: str) -> dict:
-    """The suite's sampling steps, for the baselines that have diffusion sampling steps."""
-    option = get_registry().get("baseline", name).obj.steps_option
-    return {option: run.config["sampling"]["diffusion_steps"]} if option else {}
+    """The suite's sampling settings a baseline takes: ``sampling.diffusion_steps`` for its
+    diffusion steps option, ``sampling.temperature`` and ``top_p`` for its token sampler."""
+    cls, sampling = get_registry().get("baseline", name).obj, run.config["sampling"]
+    steps = {cls.steps_option: sampling["diffusion_steps"]} if cls.steps_option else {}
+    return {**steps, **{option: sampling[option] for option in cls.token_sampling_options}}
 
 
 def _hash(kind: str, spec: dict) -> str:

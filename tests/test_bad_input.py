@@ -23,7 +23,7 @@ def workspace(tmp_path, monkeypatch) -> Path:
     Path("string_seeds.toml").write_text('seeds = "x"\n')
     Path("string_tokens.toml").write_text('[locate]\ntokens = "abc"\n')
     Path("typo.toml").write_text('[locate]\ntokenz = 5\n')
-    Path("no_methods.toml").write_text('[methods]\ndihal = []\nbaselines = []\n')
+    Path("axis_without_chosen.toml").write_text('[methods]\ndihal = ["worst"]\n[bridge]\nsteps_axis = [1, 8]\n')
     Path("a_file").write_text("not a folder\n")
     Path("damaged.json").write_text('{"format": "dihal-bench/run-record/v1", "per_seed": [')
     Path("not_a_record.json").write_text("[1, 2, 3]\n")
@@ -38,7 +38,7 @@ CASES = {
     "seeds a string in a file": (*RUN, "--suite", "string_seeds.toml"),
     "tokens a string in a file": (*RUN, "--suite", "string_tokens.toml"),
     "misspelt key in a file": (*RUN, "--suite", "typo.toml"),
-    "a suite with no method": (*RUN, "--suite", "no_methods.toml"),
+    "a steps axis without DiHAL at ℓ*": (*RUN, "--suite", "axis_without_chosen.toml"),
     "unknown suite": (*RUN, "--suite", "nope"),
     # overrides
     "seeds not a list": (*RUN, "--suite", "smoke", "--set", "seeds=5"),

@@ -4,6 +4,7 @@ own generate, trains and stores nothing but its configuration, and is flagged ou
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -62,8 +63,13 @@ def test_save_writes_only_the_configuration_and_load_checks_it(llama_backbone, t
     restored = ARBackbone(llama_backbone, BUDGET, temperature=0.8)
     restored.load(tmp_path / "ar")
     assert torch.equal(restored.sample(2, 6, seed=4), model.sample(2, 6, seed=4))
-    with pytest.raises(DihalError, match="not 'ar-backbone' with"):
-        ARBackbone(llama_backbone, BUDGET, temperature=0.5).load(tmp_path / "ar")
+    # temperature and top_p shape sampling only: the saved configuration serves any of them
+    ARBackbone(llama_backbone, BUDGET, temperature=0.5).load(tmp_path / "ar")
+    assert ARBackbone.token_sampling_options == ("temperature", "top_p")
+    config = tmp_path / "ar" / CONFIG_FILE
+    config.write_text(json.dumps({**json.loads(config.read_text()), "name": "sed"}))
+    with pytest.raises(DihalError, match="holds 'sed' with options .* not 'ar-backbone' with"):
+        restored.load(tmp_path / "ar")
     with pytest.raises(DihalError, match="holds no saved baseline"):
         restored.load(tmp_path / "elsewhere")
 

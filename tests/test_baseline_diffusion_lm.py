@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from dihal_builtin.baselines.common import CompactVocabulary
 from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
 from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
 
@@ -14,9 +15,11 @@ from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
-TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)
+TINY = {"embed_dim": 8, "d_model": 32, "layers": 2, "heads": 2}
 # a SmolLM2-scale allowance: the DiHAL bridge's size at width 576 before its linear condition path
 SMOLLM2_ALLOWANCE = 2_285_888
+# the 6,252 of SmolLM2's 49,152 token ids that a stdlib-docs training split holds (issue #10)
+SMOLLM2_SPLIT_VOCABULARY = CompactVocabulary(tuple(range(0, 6252 * 7, 7)), 49_152)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -97,32 +100,43 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert not torch.equal(model.sample(16, 8, seed=3), model.sample(16, 8, seed=4))
 
 
-def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone):
+def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone, corpus):
     model, _ = trained
     counts = model.parameter_counts()
-    assert counts["embeddings"] == llama_backbone.vocab_size * 8
+    assert counts["embeddings"] == len(set(corpus.flatten().tolist())) * 8  # a row per token of the two sentences
     assert sum(counts.values()) == count_trainable(model.module())
     assert not any(p.requires_grad for p in llama_backbone.model.parameters())
+    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "clamp": True,
+                                        "vocabulary_size": len(set(corpus.flatten().tolist()))}
 
 
-def test_allowance_sizes_the_denoiser(smollm2_sized_backbone):
+def test_allowance_sizes_the_denoiser_over_the_compact_vocabulary(smollm2_sized_backbone):
     model = DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE))
-    # d_model 128: 3 blocks 594,816 + in/out projections 8,352 + time MLP 33,024 + 64 positions 8,192 + norm 256
-    assert model.parameter_counts() == {"denoiser": 644_640, "embeddings": 1_572_864}
+    with pytest.raises(DihalError, match="not built yet"):
+        model.parameter_counts()  # its table's size comes from the training sequences
+    model.build(SMOLLM2_SPLIT_VOCABULARY)
+    # d_model 224: 3 blocks 1,815,072 + in/out projections 14,592 + time MLP 100,800 + 64 positions 14,336
+    # + norm 448; the table 6,252 × 32
+    assert model.parameter_counts() == {"denoiser": 1_945_248, "embeddings": 200_064}
     assert abs(model.budget.check_allowance(model.parameter_counts())) < 0.10
+    # over all 49,152 ids the table would take 1.57M and leave the denoiser d_model 128
+    model.build(CompactVocabulary(tuple(range(49_152)), 49_152))
+    assert model.parameter_counts() == {"denoiser": 644_640, "embeddings": 1_572_864}
     explicit = DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE), d_model=64)
-    assert explicit.denoiser.in_proj.out_features == 64
+    explicit.build(SMOLLM2_SPLIT_VOCABULARY)
+    assert explicit.parts["denoiser"].in_proj.out_features == 64
 
 
 def test_impossible_allowance_names_the_smallest_count(smollm2_sized_backbone):
+    model = DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=1_000_000))
     with pytest.raises(DihalError, match=r"diffusion-lm .*allowance 1,000,000.* 1,617,312 trainable"):
-        DiffusionLM(smollm2_sized_backbone, Budget(param_allowance=1_000_000))  # the 49,152×32 table alone is 1.57M
+        model.build(CompactVocabulary(tuple(range(49_152)), 49_152))  # the 49,152×32 table alone is 1.57M
 
 
 def test_clamping_maps_to_the_nearest_embedding(trained):
     model, _ = trained
-    table = model.embedding.weight.detach()
-    ids = torch.tensor([[3, 40, 7], [90, 3, 101]])
+    table = model.parts["embeddings"].weight.detach()
+    ids = torch.tensor([[3, 4, 7], [0, 3, 1]])  # compact ids: the two sentences hold 12 distinct tokens
     nudged = table[ids] + 0.01 * torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(model.nearest_embedding(nudged), table[ids])
 
@@ -133,6 +147,7 @@ def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, t
     # another init: the weights must come from disk
     restored = DiffusionLM(llama_backbone, overfit_budget(), seed=1, **TINY)
     restored.load(tmp_path)
+    assert restored.vocabulary == model.vocabulary
     assert torch.equal(restored.sample(6, 8, seed=2), model.sample(6, 8, seed=2))
 
 

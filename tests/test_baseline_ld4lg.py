@@ -8,7 +8,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from dihal_builtin.baselines.common import TokenDecoder, sampled_cross_entropy
+from dihal_builtin.baselines.common import (
+    CompactVocabulary,
+    TokenDecoder,
+    sampled_cross_entropy,
+)
 from dihal_builtin.baselines.ld4lg import (
     LD4LG,
     Compressor,
@@ -21,9 +25,11 @@ from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
 
-SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
-TINY = dict(d_model=32, heads=2, latents=2, latent_dim=8, compressor_layers=1, decoder_layers=1, denoiser_layers=2,
-            autoencoder_fraction=0.2, steps=10)
+SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each, 12 distinct
+# temperature 0: the decoder is then a function of the latents, so which sentence comes out is decided
+# by the diffusion alone
+TINY = {"d_model": 32, "heads": 2, "latents": 2, "latent_dim": 8, "compressor_layers": 1, "decoder_layers": 1,
+        "denoiser_layers": 2, "autoencoder_fraction": 0.2, "steps": 10, "temperature": 0.0}
 STEPS = 600  # the autoencoder converges within its 120; the denoiser needs the rest
 BUDGET = Budget(steps=STEPS, batch_size=8, seq_len=8, lr=3e-3, epochs=STEPS, checkpoint_every=100)
 
@@ -86,6 +92,22 @@ def test_compressor_latents_have_norm_sqrt_latent_dim():
     torch.testing.assert_close(latents.norm(dim=-1), torch.full((2, 3), math.sqrt(5)))
 
 
+def test_token_decoder_samples_with_the_suites_sampler_and_never_a_banned_token():
+    """At temperature 1 the decoder draws: another generator seed, other tokens; the same seed,
+    the same tokens; at temperature 0 it is greedy, whatever the seed. Banned rows never come out."""
+    torch.manual_seed(0)
+    decoder = TokenDecoder(width=12, memory_dim=5, memory_len=3, d_model=16, layers=1, heads=2, max_len=16, dropout=0.0)
+    table, memory = torch.randn(10, 12), torch.randn(4, 3, 5)
+
+    def draw(temperature: float, seed: int, banned: list[int] | None = None) -> torch.Tensor:
+        return decoder.generate(memory, table, 16, temperature, 1.0, torch.Generator().manual_seed(seed), banned)
+
+    assert torch.equal(draw(1.0, 0), draw(1.0, 0)) and not torch.equal(draw(1.0, 0), draw(1.0, 1))
+    assert torch.equal(draw(0.0, 0), draw(0.0, 1))
+    assert not set(draw(1.0, 2, banned=[0, 3, 7]).flatten().tolist()) & {0, 3, 7}
+    assert set(draw(1.0, 2).flatten().tolist()) & {0, 3, 7}  # they would, unbanned (64 draws over 10 rows)
+
+
 def test_token_decoder_predicts_each_token_from_earlier_tokens_only():
     torch.manual_seed(0)
     decoder = TokenDecoder(width=12, memory_dim=5, memory_len=3, d_model=16, layers=2, heads=2, max_len=6, dropout=0.0)
@@ -108,7 +130,7 @@ def test_both_phases_learn_and_share_the_budget(trained):
     assert result.steps_done == len(result.losses) == STEPS
     assert result.sequences_seen == STEPS * BUDGET.batch_size and result.resumed_from_step is None
     reconstruction, diffusion = result.losses[:first], result.losses[first:]
-    assert reconstruction[0] > math.log(64)  # chance over a vocabulary of 128
+    assert reconstruction[0] > math.log(6)  # chance over the 12 tokens of the compact vocabulary is log 12
     assert sum(reconstruction[-10:]) / 10 < 0.05  # the two sentences are reconstructed
     assert sum(diffusion[-50:]) / 50 < 0.5 * sum(diffusion[:50]) / 50
     assert {p.name for p in directory.iterdir()} == {"autoencoder", "diffusion"}
@@ -126,6 +148,20 @@ def test_sampling_is_reproducible_from_the_seed(trained):
     assert model.sample(6, 8, seed=7).dtype == torch.long
 
 
+def test_at_temperature_1_the_seed_decides_the_samples(trained, llama_backbone, tmp_path):
+    """The trained model loaded at temperature 1 (temperature shapes sampling only, so the
+    checkpoint loads): same seed, same samples; other seeds, other samples."""
+    model, _, _ = trained
+    model.save(tmp_path)
+    sampled = LD4LG(llama_backbone, BUDGET, seed=0, **{**TINY, "temperature": 1.0})
+    sampled.load(tmp_path)
+    assert sampled.sampling_options() == {"steps": 10, "eta": 1.0, "temperature": 1.0, "top_p": 1.0,
+                                          "vocabulary_size": 12}
+    first = sampled.sample(8, 8, seed=11)
+    assert torch.equal(first, sampled.sample(8, 8, seed=11))
+    assert not torch.equal(first, sampled.sample(8, 8, seed=12))
+
+
 def test_resuming_a_finished_run_trains_nothing(trained, llama_backbone, corpus):
     model, _, directory = trained
     again = LD4LG(llama_backbone, BUDGET, seed=0, **TINY)
@@ -141,6 +177,7 @@ def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, t
     with pytest.raises(DihalError, match="not trained"):
         restored.sample(2, 8, seed=0)
     restored.load(tmp_path)
+    assert restored.vocabulary == model.vocabulary
     assert torch.equal(restored.sample(6, 8, seed=5), model.sample(6, 8, seed=5))
 
 
@@ -154,17 +191,19 @@ def test_missing_checkpoint_and_overlong_samples_are_refused(trained, llama_back
 # -- the contract's bookkeeping --------------------------------------------------------
 
 
-def test_parameter_counts_match_what_the_optimizer_updates(llama_backbone):
+def test_parameter_counts_match_what_the_optimizer_updates(llama_backbone, corpus):
     model = LD4LG(llama_backbone, BUDGET, **TINY)
+    model.build(CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size))
     counts = model.parameter_counts()
     assert set(counts) == {"compressor", "decoder", "denoiser"}
     assert sum(counts.values()) == count_trainable(model.module())
     assert not any(p.requires_grad for p in llama_backbone.model.parameters())
 
 
-def test_allowance_sets_the_width(llama_backbone):
+def test_allowance_sets_the_width(llama_backbone, corpus):
     allowance = 100_000
     model = LD4LG(llama_backbone, BUDGET.replace(param_allowance=allowance), **{**TINY, "d_model": None})
+    model.build(CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size))
     total = sum(model.parameter_counts().values())
     assert abs(total - allowance) <= 0.1 * allowance
     assert model.parts["denoiser"].in_proj.out_features % 4 == 0  # a multiple of 2·heads
@@ -179,6 +218,8 @@ def test_bad_options_are_refused(llama_backbone):
         LD4LG(llama_backbone, BUDGET, **{**TINY, "autoencoder_fraction": 1.0})
     with pytest.raises(DihalError, match="out of range"):
         LD4LG(llama_backbone, BUDGET, **TINY, feature_layer=9)
+    with pytest.raises(DihalError, match="top_p"):
+        LD4LG(llama_backbone, BUDGET, **{**TINY, "top_p": 1.5})
 
 
 def test_registers_under_its_name():

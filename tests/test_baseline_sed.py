@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
-from dihal_builtin.baselines.common import pca_embeddings
+from dihal_builtin.baselines.common import CompactVocabulary, pca_embeddings
 from dihal_builtin.baselines.schedules import cosine_alpha_bar
 from dihal_builtin.baselines.sed import SED, register_baselines
 
@@ -16,9 +17,11 @@ from dihal_bench.errors import DihalError
 from dihal_bench.training import count_trainable
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
-TINY = dict(embed_dim=8, d_model=32, layers=2, heads=2)
+TINY = {"embed_dim": 8, "d_model": 32, "layers": 2, "heads": 2}
 # a SmolLM2-scale allowance: the DiHAL bridge's size at width 576 before its linear condition path
 SMOLLM2_ALLOWANCE = 2_285_888
+# the 6,252 of SmolLM2's 49,152 token ids that a stdlib-docs training split holds (issue #10)
+SMOLLM2_SPLIT_VOCABULARY = CompactVocabulary(tuple(range(0, 6252 * 7, 7)), 49_152)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -47,7 +50,7 @@ def trained(llama_backbone, corpus, one_torch_thread):
 def denoiser_calls(model: SED) -> tuple[list, object]:
     """Records (input, output) of every denoiser call; returns the list and the hook handle."""
     calls = []
-    handle = model.denoiser.register_forward_hook(lambda _m, args, out: calls.append((args[0], out)))
+    handle = model.parts["denoiser"].register_forward_hook(lambda _m, args, out: calls.append((args[0], out)))
     return calls, handle
 
 
@@ -73,9 +76,19 @@ def test_pca_embeddings_known_answer():
     backbone = SimpleNamespace(vocab_size=6, width=3, device=torch.device("cpu"), embed=lambda ids: table[ids])
     r = math.sqrt(2)
     expected = torch.tensor([[r, 0], [-r, 0], [r, 0], [-r, 0], [0, r], [0, -r]])
-    torch.testing.assert_close(pca_embeddings(backbone, 2, "sed"), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pca_embeddings(backbone, 2, "sed", torch.arange(6)), expected, atol=1e-6, rtol=0)
     with pytest.raises(DihalError, match="sed: embed_dim must be in 1..3"):
-        pca_embeddings(backbone, 4, "sed")
+        pca_embeddings(backbone, 4, "sed", torch.arange(6))
+
+
+def test_pca_embeddings_fit_the_given_rows_only():
+    """Rows 0-3 vary along u only, rows 4-5 along w only: the PCA of rows 0..3 has the single
+    axis u, whatever the other rows hold, and returns their rows in the order asked."""
+    u, w = torch.tensor([0.6, 0.8, 0.0]), torch.tensor([0.0, 0.0, 1.0])
+    table = torch.stack([3 * u, -3 * u, u, -u, 50 * w, -50 * w])
+    backbone = SimpleNamespace(vocab_size=6, width=3, device=torch.device("cpu"), embed=lambda ids: table[ids])
+    projected = pca_embeddings(backbone, 1, "sed", torch.tensor([0, 1, 2, 3]))
+    torch.testing.assert_close(projected, torch.tensor([[1.0], [-1.0], [1.0], [-1.0]]), atol=1e-6, rtol=0)
 
 
 # -- the baseline -----------------------------------------------------------------------
@@ -88,11 +101,13 @@ def test_registers_under_its_name():
     assert "Strudel et al. 2022" in registered["sed"][1]["description"]
 
 
-def test_fixed_embeddings_and_readout_initialised_to_their_transpose(llama_backbone):
+def test_fixed_embeddings_and_readout_initialised_to_their_transpose(llama_backbone, corpus):
     model = SED(llama_backbone, overfit_budget(), **TINY)
-    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((llama_backbone.vocab_size,), math.sqrt(8)))
-    assert torch.equal(model.readout.weight, model.embeddings)  # weight = Rᵀ = E
-    assert model.readout.weight.requires_grad
+    model.build(CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size))
+    torch.testing.assert_close(model.embeddings.norm(dim=-1), torch.full((12,), math.sqrt(8)))  # 12 distinct tokens
+    readout = model.parts["readout"].weight
+    assert torch.equal(readout, model.embeddings)  # weight = Rᵀ = E
+    assert readout.requires_grad
     assert all(p is not model.embeddings for p in model.module().parameters())
 
 
@@ -125,13 +140,15 @@ def test_sampling_conditions_each_step_on_the_previous_estimate(trained):
         handle.remove()
     assert len(calls) == 50
     assert not calls[0][0][..., 8:].any()  # no estimate yet: zeros
-    for (_, before), (after, _) in zip(calls, calls[1:]):
+    for (_, before), (after, _) in itertools.pairwise(calls):
         assert torch.equal(after[..., 8:], before)
 
 
 def test_training_self_conditions_with_the_given_probability(llama_backbone, corpus):
-    batch = {"ids": corpus[:4]}
+    vocabulary = CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size)
+    batch = {"ids": vocabulary.to_compact(corpus[:4])}
     always = SED(llama_backbone, overfit_budget(), **TINY, self_condition=1.0)
+    always.build(vocabulary)
     calls, _ = denoiser_calls(always)
     always.loss(batch, torch.Generator().manual_seed(0))
     assert len(calls) == 2
@@ -140,6 +157,7 @@ def test_training_self_conditions_with_the_given_probability(llama_backbone, cor
     assert torch.equal(second_input[..., 8:], first)
 
     never = SED(llama_backbone, overfit_budget(), **TINY, self_condition=0.0)
+    never.build(vocabulary)
     calls, _ = denoiser_calls(never)
     never.loss(batch, torch.Generator().manual_seed(0))
     assert len(calls) == 1 and not calls[0][0][..., 8:].any()
@@ -148,21 +166,27 @@ def test_training_self_conditions_with_the_given_probability(llama_backbone, cor
 def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone):
     model, _ = trained
     counts = model.parameter_counts()
-    assert counts["readout"] == llama_backbone.vocab_size * 8
+    assert counts["readout"] == 12 * 8  # a row per distinct token of the two sentences
     assert sum(counts.values()) == count_trainable(model.module())
     assert not any(p.requires_grad for p in llama_backbone.model.parameters())
+    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "self_condition": True, "vocabulary_size": 12}
 
 
-def test_allowance_sizes_the_denoiser(smollm2_sized_backbone):
+def test_allowance_sizes_the_denoiser_over_the_compact_vocabulary(smollm2_sized_backbone):
     model = SED(smollm2_sized_backbone, Budget(param_allowance=SMOLLM2_ALLOWANCE))
-    # d_model 128: 3 blocks 594,816 + in/out projections 12,448 + time MLP 33,024 + 64 positions 8,192 + norm 256
-    assert model.parameter_counts() == {"denoiser": 648_736, "readout": 1_572_864}
+    model.build(SMOLLM2_SPLIT_VOCABULARY)
+    # d_model 224: 3 blocks 1,815,072 + in/out projections 21,760 + time MLP 100,800 + 64 positions 14,336
+    # + norm 448; the readout 32 × 6,252
+    assert model.parameter_counts() == {"denoiser": 1_952_416, "readout": 200_064}
     assert abs(model.budget.check_allowance(model.parameter_counts())) < 0.10
+    model.build(CompactVocabulary(tuple(range(49_152)), 49_152))  # all ids: the readout leaves d_model 128
+    assert model.parameter_counts() == {"denoiser": 648_736, "readout": 1_572_864}
 
 
 def test_impossible_allowance_names_the_smallest_count(smollm2_sized_backbone):
+    model = SED(smollm2_sized_backbone, Budget(param_allowance=1_000_000))
     with pytest.raises(DihalError, match=r"sed .*allowance 1,000,000.* 1,618,336 trainable"):
-        SED(smollm2_sized_backbone, Budget(param_allowance=1_000_000))  # the 32×49,152 readout alone is 1.57M
+        model.build(CompactVocabulary(tuple(range(49_152)), 49_152))  # the 32×49,152 readout alone is 1.57M
 
 
 def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):
@@ -170,7 +194,7 @@ def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, t
     model.save(tmp_path)
     restored = SED(llama_backbone, overfit_budget(), seed=1, **TINY)  # another init: the weights must come from disk
     restored.load(tmp_path)
-    assert torch.equal(restored.readout.weight, model.readout.weight)
+    assert torch.equal(restored.parts["readout"].weight, model.parts["readout"].weight)
     assert torch.equal(restored.sample(6, 8, seed=2), model.sample(6, 8, seed=2))
 
 

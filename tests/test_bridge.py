@@ -5,7 +5,12 @@ import math
 
 import pytest
 import torch
-from dihal_builtin.bridge import DihalBridge, register_bridges, timestep_embedding
+from dihal_builtin.bridge import (
+    DihalBridge,
+    RegressorBridge,
+    register_bridges,
+    timestep_embedding,
+)
 from safetensors.torch import load_file, save_file
 
 from dihal_bench.bridge import (
@@ -133,9 +138,30 @@ def test_loss_draws_the_brownian_bridge_and_averages_masked_tokens():
     torch.testing.assert_close(loss, x0.pow(2).mean(-1)[mask].mean())
     x_t, t, c_seen = bridge.calls[0]
     assert torch.equal(c_seen, c) and t.shape == (64,) and 0 < t.min() and t.max() < 1
+    assert torch.equal(x_t[:, 0], x0[:, 0])  # the sink is given clean at every t, as sampling holds it
     tt = t[:, None, None]
-    noise = (x_t - (1 - tt) * x0 - tt * c) / (0.5 * torch.sqrt(tt * (1 - tt)))
+    noise = (x_t - (1 - tt) * x0 - tt * c)[:, 1:] / (0.5 * torch.sqrt(tt * (1 - tt)))
     assert abs(noise.mean().item()) < 0.05 and abs(noise.std().item() - 1) < 0.05
+
+
+def test_loss_ignores_position_0_even_where_the_mask_selects_it():
+    cond, target, mask = toy_pair(8)
+    bridge = Recording(predict=lambda x_t, t, c: torch.zeros_like(x_t))
+    bridge.fit_standardizer(cond, target, mask)
+    everywhere = torch.ones_like(mask)
+    base = bridge.loss(cond, target, everywhere, torch.Generator().manual_seed(0))
+
+    def off_at_sink(x_t, t, c):
+        prediction = torch.zeros_like(x_t)
+        prediction[:, 0] = 1e3
+        return prediction
+
+    bridge.predict = off_at_sink
+    assert torch.equal(bridge.loss(cond, target, everywhere, torch.Generator().manual_seed(0)), base)
+    only_sink = torch.zeros_like(mask)
+    only_sink[:, 0] = True
+    with pytest.raises(DihalError, match="no token after position 0"):
+        bridge.loss(cond, target, only_sink, torch.Generator().manual_seed(0))
 
 
 def test_loss_decreases_on_a_learnable_toy():
@@ -150,6 +176,39 @@ def test_loss_decreases_on_a_learnable_toy():
     held_out, held_target, held_mask = toy_pair(16, seed=1)
     error = (bridge.standardize_target(bridge.sample(held_out)) - bridge.standardize_target(held_target)).pow(2)
     assert error.mean(-1)[held_mask].mean() < 0.3  # an untrained bridge sits near 1 or above
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["deterministic", "stochastic"])
+def test_sampling_holds_the_given_sink_at_every_step(stochastic):
+    """Position 0 of x_t is the standardised sink at every denoiser call, and the sample's
+    position 0 is the given state itself, at any number of steps."""
+    cond, target, mask = toy_pair(3)
+    bridge = Recording(predict=lambda x_t, t, c: x_t + 1.0)  # wrong everywhere, the sink included
+    bridge.fit_standardizer(cond, target, mask)
+    sink = target[:, :1]
+    held = bridge.standardize_target(sink)
+    for steps in (1, 2, 8, 32):
+        bridge.calls.clear()
+        sampled = bridge.sample(cond, steps=steps, sink=sink, stochastic=stochastic,
+                                generator=torch.Generator().manual_seed(0))
+        assert len(bridge.calls) == steps
+        assert all(torch.equal(x_t[:, :1], held) for x_t, _, _ in bridge.calls)
+        assert torch.equal(sampled[:, :1], sink)
+        assert (sampled[:, 1:] - target[:, 1:]).abs().amax() > 1  # the others are the bridge's own
+    unheld = bridge.sample(cond, steps=2)
+    assert not torch.equal(unheld[:, :1], sink)  # without a sink, position 0 is estimated too
+
+
+def test_the_sink_conditions_the_other_positions():
+    bridge = tiny_bridge(layers=2, steps=4)
+    cond, target, mask = toy_pair(2)
+    bridge.fit_standardizer(cond, target, mask)
+    with_sink, without = bridge.sample(cond, sink=target[:, :1]), bridge.sample(cond)
+    assert (with_sink[:, 1:] - without[:, 1:]).abs().amax() > 1e-3  # later positions attend to it
+    with pytest.raises(DihalError, match=r"sink state must have shape \(2, 1, 8\)"):
+        bridge.sample(cond, sink=target[:, :2])
+    with pytest.raises(DihalError, match=r"sink state must have shape \(1, 1, 8\), got \(2, 1, 8\)"):
+        bridge.sample_step(cond[:1], bridge.new_sample_cache(sink=target[:, :1]))
 
 
 def test_sampling_is_causal_in_positions():
@@ -181,21 +240,27 @@ def test_sampling_is_deterministic_unless_stochastic():
 INCREMENTAL_ATOL = 1e-3
 
 
+@pytest.mark.parametrize("held", [True, False], ids=["sink", "no-sink"])
 @pytest.mark.parametrize("steps", [1, 8], ids=["K1", "K8"])
-def test_incremental_sampling_equals_whole_sequence_sampling(steps):
+@pytest.mark.parametrize("first", [4, 1], ids=["prompt", "one-token"])
+def test_incremental_sampling_equals_whole_sequence_sampling(steps, held, first):
     bridge = tiny_bridge(layers=2)
     torch.nn.init.normal_(bridge.cond_skip.weight, std=0.3)  # zero at initialisation
     cond, target, mask = toy_pair(3)
     bridge.fit_standardizer(cond, target, mask)
-    whole = bridge.standardize_target(bridge.sample(cond, steps=steps))
-    cache = bridge.new_sample_cache(steps)
-    # a prompt, single positions, and chunks that start mid-sequence (an offset causal mask)
-    bounds = [0, 4, 5, 6, 9, 10, T]
-    parts = [bridge.sample_step(cond[:, start:end], cache) for start, end in itertools.pairwise(bounds)]
+    sink = target[:, :1] if held else None
+    whole = bridge.sample(cond, steps=steps, sink=sink)
+    cache = bridge.new_sample_cache(steps, sink)
+    # a prompt or one token, single positions, and chunks that start mid-sequence (an offset causal mask)
+    bounds = [0, first, 5, 6, 9, 10, T]
+    parts = torch.cat([bridge.sample_step(cond[:, start:end], cache) for start, end in itertools.pairwise(bounds)],
+                      dim=1)
     assert cache.length == T and cache.steps == steps
-    torch.testing.assert_close(bridge.standardize_target(torch.cat(parts, dim=1)), whole,
+    torch.testing.assert_close(bridge.standardize_target(parts), bridge.standardize_target(whole),
                                atol=INCREMENTAL_ATOL, rtol=0)
-    assert whole.abs().amax() > 1  # not trivially small
+    assert bridge.standardize_target(whole).abs().amax() > 1  # not trivially small
+    if held:
+        assert torch.equal(parts[:, :1], sink) and torch.equal(whole[:, :1], sink)
 
 
 def test_incremental_sampling_validates_its_inputs():
@@ -257,8 +322,73 @@ def test_timestep_embedding():
     assert embedding[1, 0] == pytest.approx(math.cos(500.0))
 
 
-def test_plugin_registers_the_bridge():
+def test_plugin_registers_the_bridge_and_the_regressor_control():
     registered = []
     register_bridges(lambda name, obj, **meta: registered.append((name, obj, meta)))
-    assert [(name, obj) for name, obj, _ in registered] == [("dihal-bridge", DihalBridge)]
-    assert registered[0][2]["description"]
+    assert [(name, obj) for name, obj, _ in registered] == [("dihal-bridge", DihalBridge),
+                                                           ("regressor", RegressorBridge)]
+    assert all(meta["description"] for _, _, meta in registered)
+
+
+# -- the regressor control ----------------------------------------------------------------
+
+
+class RecordingRegressor(RegressorBridge):
+    def __init__(self, predict):
+        super().__init__(D, d_model=16, layers=1, heads=2)
+        self.predict, self.calls = predict, []
+
+    def denoise(self, x_t, t, c):
+        self.calls.append((x_t.clone(), t.clone(), c.clone()))
+        return self.predict(x_t, t, c)
+
+
+def test_regressor_trains_at_t1_on_the_condition_and_samples_in_one_step():
+    cond, target, mask = toy_pair(16)
+    bridge = RecordingRegressor(predict=lambda x_t, t, c: torch.zeros_like(x_t))
+    bridge.fit_standardizer(cond, target, mask)
+    c, x0 = bridge.standardize_cond(cond), bridge.standardize_target(target)
+    sink = target[:, :1]
+
+    bridge.loss(cond, target, mask, torch.Generator().manual_seed(0))
+    x_t, t, _ = bridge.calls[0]
+    assert torch.equal(t, torch.ones(16))
+    assert torch.equal(x_t[:, 1:], c[:, 1:]) and torch.equal(x_t[:, 0], x0[:, 0])  # no noise; the sink held
+
+    bridge.calls.clear()
+    sampled = bridge.sample(cond, sink=sink)
+    ((x_t, t, _),) = bridge.calls  # one denoiser call, at t = 1, from the condition
+    assert torch.equal(t, torch.ones(16)) and torch.equal(x_t[:, 1:], c[:, 1:])
+    assert torch.equal(sampled[:, :1], sink)
+    torch.testing.assert_close(sampled[:, 1:], bridge.destandardize_target(torch.zeros_like(c))[:, 1:])
+    assert bridge.new_sample_cache().steps == 1
+    with pytest.raises(DihalError, match="one step, got steps=8"):
+        bridge.sample(cond, steps=8)
+
+
+def test_regressor_learns_a_toy_map():
+    cond, target, mask = toy_pair(200)
+    torch.manual_seed(0)
+    bridge = RegressorBridge(D, d_model=32, layers=1, heads=2)
+    bridge.fit_standardizer(cond, target, mask)
+    budget = Budget(steps=60, batch_size=8, seq_len=T, lr=1e-2, epochs=4)
+    result = train(bridge, training_loss, {"cond": cond, "target": target, "mask": mask}, budget, progress=False)
+    assert sum(result.losses[-10:]) / 10 < 0.25 * sum(result.losses[:10]) / 10
+
+    held_out, held_target, held_mask = toy_pair(16, seed=1)
+    sampled = bridge.sample(held_out, sink=held_target[:, :1])
+    error = (bridge.standardize_target(sampled) - bridge.standardize_target(held_target)).pow(2)
+    assert error.mean(-1)[held_mask].mean() < 0.3  # an untrained network sits near 1 or above
+    cache = bridge.new_sample_cache(sink=held_target[:, :1])
+    stepped = torch.cat([bridge.sample_step(held_out[:, :3], cache), bridge.sample_step(held_out[:, 3:], cache)], 1)
+    torch.testing.assert_close(bridge.standardize_target(stepped), bridge.standardize_target(sampled),
+                               atol=INCREMENTAL_ATOL, rtol=0)
+
+
+def test_regressor_is_the_dihal_network_and_accepts_its_options():
+    options = {"d_model": 32, "layers": 2, "heads": 4, "max_len": 64}
+    regressor = RegressorBridge(D, sigma=0.3, steps=6, **options)  # DiHAL's diffusion options do not apply
+    assert regressor.config() == {"width": D, "dropout": 0.0, **options}
+    rebuilt = RegressorBridge(**regressor.config())
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == \
+           {k: v.shape for k, v in DihalBridge(D, **options).state_dict().items()}

@@ -13,11 +13,13 @@ from dihal_builtin.bridge import DihalBridge
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.bridge import HiddenStateBridge, training_loss
+from dihal_bench.bridge_training import BridgeSpec, SplitTensors, evaluate_layer
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import (
     bridge_reconstruction,
     kl_to_backbone,
+    steps_axis,
     teacher_forced_nll,
 )
 from dihal_bench.hybrid import HybridLM, OracleBridge, skip_control
@@ -97,9 +99,10 @@ class ShrunkPredictor(HiddenStateBridge):
 
     def __init__(self, width: int, factor: float):
         super().__init__(width)
-        self.factor = factor
+        self.factor, self.sinks = factor, []
 
-    def sample(self, cond, steps=None, generator=None, stochastic=False):
+    def sample(self, cond, steps=None, generator=None, stochastic=False, sink=None):
+        self.sinks.append(sink)
         return self.destandardize_target(self.factor * self.standardize_target(cond))
 
     def loss(self, cond, target, mask, generator):
@@ -119,10 +122,15 @@ def test_reconstruction_of_known_predictors(factor):
     predictor.fit_standardizer(target, target, mask)
 
     for batch_size in (3, 10):
+        predictor.sinks.clear()
         result = bridge_reconstruction(predictor, target, target, mask, batch_size=batch_size)
         assert result["tokens"] == 10 * 6
         assert result["mse"] == pytest.approx((1 - factor) ** 2, abs=1e-6)  # float32 standardiser
         assert result["r2"] == pytest.approx(1 - (1 - factor) ** 2, abs=1e-6)
+        # each batch is given its exact position-0 state, the target's
+        assert torch.equal(torch.cat(predictor.sinks), target[:, :1])
+    bridge_reconstruction(predictor, target, target, mask, sink=False)
+    assert predictor.sinks[-1] is None
 
 
 def test_reconstruction_refuses_an_empty_mask():
@@ -157,3 +165,58 @@ def test_trained_dihal_bridge_reconstructs_better_than_untrained(tiny_models, ch
     assert math.isfinite(after["mse"]) and math.isfinite(after["r2"])
     assert after["mse"] < 0.8 * before["mse"]
     assert after["r2"] > before["r2"] + 0.3
+
+
+# -- the sampling-steps axis ----------------------------------------------------------------
+
+
+def fitted_toy_bridge(steps: int = 4) -> tuple[DihalBridge, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An untrained tiny DiHAL bridge fitted to a toy condition/target pair, whose sampled
+    states move with K (the linear path given weights so that they are not all near 0)."""
+    generator = torch.Generator().manual_seed(0)
+    cond = torch.randn(6, 9, 8, generator=generator)
+    target = cond @ torch.randn(8, 8, generator=generator) + 0.5 * torch.randn(6, 9, 8, generator=generator)
+    mask = sink_free_mask(6, 9)
+    torch.manual_seed(0)
+    bridge = DihalBridge(8, d_model=16, layers=1, heads=2, steps=steps)
+    torch.nn.init.normal_(bridge.cond_skip.weight, std=0.3)
+    bridge.fit_standardizer(cond, target, mask)
+    return bridge, cond, target, mask
+
+
+def test_steps_axis_measures_each_k_with_the_same_weights():
+    bridge, cond, target, mask = fitted_toy_bridge()
+    weights = {name: tensor.clone() for name, tensor in bridge.state_dict().items()}
+
+    axis = steps_axis(bridge, cond, target, mask, steps=(1, 2, 8), batch_size=4)
+
+    assert list(axis) == [1, 2, 8]
+    for k, measured in axis.items():
+        assert measured == {key: value for key, value in bridge_reconstruction(bridge, cond, target, mask, k, 4).items()
+                            if key in ("mse", "mse_trace", "r2")}
+    assert len({measured["mse"] for measured in axis.values()}) == 3  # K changes the samples
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in bridge.state_dict().items())
+    assert list(steps_axis(bridge, cond, target, mask)) == [1, 2, 4, 8, 16]
+    for bad in ((), (0, 4), (2.0,)):
+        with pytest.raises(DihalError, match="sampling steps ≥ 1"):
+            steps_axis(bridge, cond, target, mask, steps=bad)
+
+
+def test_evaluate_layer_gives_the_bridge_the_sink_as_the_hybrid_does(tiny_models, char_tokenizer):
+    backbone = HFBackbone(tiny_models["llama"], char_tokenizer, "tiny-llama")
+    layer, ids = 1, random_ids(4, 10, seed=3)
+    states = backbone.hidden_states(ids)
+    valid = SplitTensors(ids, {0: states[0], layer: states[layer]})
+    torch.manual_seed(0)
+    bridge = DihalBridge(backbone.width, d_model=16, layers=1, heads=2, steps=2)
+    bridge.fit_standardizer(states[0], states[layer], valid.mask)
+
+    for sink in (True, False):
+        measured = evaluate_layer(backbone, bridge, layer, BridgeSpec(sink_passthrough=sink), valid, batch_size=2)
+        expected = bridge_reconstruction(bridge, states[0], states[layer], valid.mask, None, 2, sink=sink)
+        assert (measured["bridge_mse"], measured["bridge_mse_trace"], measured["bridge_r2"]) == \
+               (expected["mse"], expected["mse_trace"], expected["r2"])
+        hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=sink)
+        assert measured["hybrid_ppl"] == pytest.approx(teacher_forced_nll(hybrid.logits, ids, 2)["ppl"], rel=1e-9)
+    with_sink = bridge_reconstruction(bridge, states[0], states[layer], valid.mask)
+    assert with_sink["mse"] != bridge_reconstruction(bridge, states[0], states[layer], valid.mask, sink=False)["mse"]

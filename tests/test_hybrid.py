@@ -18,8 +18,9 @@ from dihal_bench.hybrid import (
     OracleBridge,
     intact_control,
     skip_control,
+    start_token_id,
 )
-from dihal_bench.sampling import sample_next_token
+from dihal_bench.sampling import sample_next_token, special_ids
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)
@@ -57,7 +58,7 @@ def fitted_bridge(backbone: HFBackbone, layer: int, *, layers: int = 1, steps: i
 def word_tokenizer(*, with_bos: bool) -> PreTrainedTokenizerFast:
     """A word-level tokenizer with (optionally) a BOS token, which the character one lacks."""
     specials = ["<pad>", "<eos>", "<unk>"] + (["<s>"] if with_bos else [])
-    words = "the cat sat on a mat".split()
+    words = ["the", "cat", "sat", "on", "a", "mat"]
     backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(specials + words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
@@ -79,19 +80,23 @@ def test_oracle_bridge_reproduces_backbone_logits_at_every_layer(backbone):
         torch.testing.assert_close(hybrid.logits(ids, mask)[real], padded[real], atol=1e-5, rtol=0)
 
 
-def test_sink_passthrough_makes_position_0_exact(backbone):
+def test_sink_passthrough_makes_position_0_exact_and_gives_it_to_the_bridge(backbone):
     layer = 2
     ids = random_ids(3, 9)
-    bridge = fitted_bridge(backbone, layer)
+    bridge = fitted_bridge(backbone, layer, bridge_class=SpiedBridge)
     truth = backbone.hidden_states(ids)[layer]
-    on = HybridLM(backbone, bridge, layer).lower_states(ids)
-    bridged = HybridLM(backbone, bridge, layer).bridged_states(ids)
+    hybrid = HybridLM(backbone, bridge, layer)
+    on, bridged = hybrid.lower_states(ids), hybrid.bridged_states(ids)
     torch.testing.assert_close(on[:, 0], truth[:, 0], atol=1e-5, rtol=0)
-    assert torch.equal(on[:, 1:], bridged[:, 1:])
+    assert torch.equal(on, bridged)  # the bridge returns the sink it is given
+    assert torch.equal(bridge.sinks[-1], hybrid.sink_state(ids))
+    torch.testing.assert_close(bridge.sinks[-1], truth[:, :1], atol=1e-5, rtol=0)
 
-    off = HybridLM(backbone, bridge, layer, sink_passthrough=False).lower_states(ids)
-    assert torch.equal(off, bridged)
+    ablation = HybridLM(backbone, bridge, layer, sink_passthrough=False)
+    off = ablation.lower_states(ids)
+    assert bridge.sinks[-1] is None and torch.equal(off, ablation.bridged_states(ids))
     assert (off[:, 0] - truth[:, 0]).norm(dim=-1).min() > 1e-2  # the untrained bridge misses it
+    assert (off[:, 1:] - on[:, 1:]).abs().amax() > 1e-3  # and every later position attends to it
 
 
 def test_skip_control_feeds_the_embedding_output(backbone):
@@ -118,7 +123,7 @@ def test_cached_generation_equals_uncached(backbone, temperature, top_p, sink_pa
     with a batch split unevenly."""
     hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2, sink_passthrough=sink_passthrough)
     for prompt in (None, random_ids(3, 2 * WINDOW - 1, seed=5)):
-        options = dict(prompt_ids=prompt, temperature=temperature, top_p=top_p, seed=3, batch_size=2)
+        options = {"prompt_ids": prompt, "temperature": temperature, "top_p": top_p, "seed": 3, "batch_size": 2}
         cached = hybrid.generate(3, 3 * WINDOW, **options)
         uncached = hybrid.generate(3, 3 * WINDOW, use_cache=False, **options)
         assert cached.shape == (3, 3 * WINDOW) and cached.dtype == torch.long
@@ -155,7 +160,7 @@ def test_cached_decode_equals_uncached_decode(backbone, steps, batch, prompted):
         new = sample_next_token(reference[:, -1], 1.0, 1.0, generator)[:, None]
     assert cached.length == uncached.length == context.shape[1] + 3 * WINDOW - 1
 
-    options = dict(prompt_ids=context if prompted else None, seed=3, batch_size=batch)
+    options = {"prompt_ids": context if prompted else None, "seed": 3, "batch_size": batch}
     tokens = hybrid.generate(batch, 3 * WINDOW, **options)
     assert torch.equal(tokens, hybrid.generate(batch, 3 * WINDOW, use_cache=False, **options))
     assert len(tokens.unique()) > 3
@@ -166,11 +171,12 @@ class SpiedBridge(DihalBridge):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.sampled, self.stepped = [], []
+        self.sampled, self.stepped, self.sinks = [], [], []
 
-    def sample(self, cond, *args, **kwargs):
+    def sample(self, cond, *args, sink=None, **kwargs):
         self.sampled.append(cond.shape[1])
-        return super().sample(cond, *args, **kwargs)
+        self.sinks.append(sink)
+        return super().sample(cond, *args, sink=sink, **kwargs)
 
     def sample_step(self, cond_new, cache):
         self.stepped.append(cond_new.shape[1])
@@ -180,7 +186,7 @@ class SpiedBridge(DihalBridge):
 class WholeSequenceBridge(SpiedBridge):
     """A bridge with no sample cache, as a third-party bridge that only implements ``sample``."""
 
-    def new_sample_cache(self, steps=None):
+    def new_sample_cache(self, steps=None, sink=None):
         return None
 
 
@@ -190,13 +196,25 @@ def test_cached_decode_runs_the_bridge_on_new_positions_only(backbone):
     assert hybrid.bridge.sampled == [] and hybrid.bridge.stepped == [4, 1, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("sink_passthrough", [True, False], ids=["sink", "no-sink"])
+def test_the_bridge_cache_holds_the_sink_of_the_first_token(backbone, sink_passthrough):
+    hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2, sink_passthrough=sink_passthrough)
+    decoder, prompt = hybrid.decoder(), random_ids(2, 4)
+    decoder.append(prompt)
+    expected = hybrid.sink_state(prompt) if sink_passthrough else None
+    assert decoder.bridge_cache.steps == 2
+    assert decoder.bridge_cache.sink is None if expected is None else torch.equal(decoder.bridge_cache.sink, expected)
+
+
 def test_bridge_without_sample_cache_is_resampled_over_the_prefix(backbone):
     """The fallback for such bridges: the same tokens as the uncached decode, the upper
     layers still cached (so only the bridge sees the whole prefix)."""
     hybrid = HybridLM(backbone, fitted_bridge(backbone, 2, bridge_class=WholeSequenceBridge), 2)
-    options = dict(prompt_ids=random_ids(2, 4), seed=3)
+    options = {"prompt_ids": random_ids(2, 4), "seed": 3}
     cached = hybrid.generate(2, 6, **options)
     assert hybrid.bridge.stepped == [] and hybrid.bridge.sampled == [4, 5, 6, 7, 8, 9]
+    first_sink = hybrid.bridge.sinks[0]
+    assert first_sink is not None and all(sink is first_sink for sink in hybrid.bridge.sinks)  # computed once
     assert torch.equal(cached, hybrid.generate(2, 6, use_cache=False, **options))
 
 
@@ -225,7 +243,8 @@ def test_decoder_refuses_malformed_input(backbone):
 def test_intact_control_matches_transformers_greedy_generate(backbone):
     start = backbone.tokenizer.eos_token_id  # the character tokenizer has no BOS
     ours = intact_control(backbone).generate(2, 3 * WINDOW, temperature=0.0)
-    theirs = backbone.model.generate(torch.full((2, 1), start), max_new_tokens=3 * WINDOW, do_sample=False)
+    theirs = backbone.model.generate(torch.full((2, 1), start), max_new_tokens=3 * WINDOW, do_sample=False,
+                                     suppress_tokens=special_ids(backbone.tokenizer))
     assert torch.equal(ours, theirs[:, 1:])
 
 
@@ -236,30 +255,59 @@ def test_same_seed_gives_same_tokens_and_another_seed_differs(backbone):
     assert not torch.equal(first, hybrid.generate(4, 8, seed=12))
 
 
+def test_generation_never_draws_a_special_token_even_the_most_likely(backbone, monkeypatch):
+    eos = backbone.tokenizer.eos_token_id
+    resume = backbone.resume
+
+    def eos_favoured(*args, **kwargs):
+        logits = resume(*args, **kwargs)
+        logits[..., eos] += 100.0  # EOS would be drawn at nearly every step
+        return logits
+
+    monkeypatch.setattr(backbone, "resume", eos_favoured)
+    for temperature in (0.0, 1.0):
+        ids = intact_control(backbone).generate(4, 8, temperature=temperature, seed=3)
+        assert ids.shape == (4, 8) and eos not in ids.tolist()[0] and not (ids == eos).any()
+
+
 def test_generation_starts_from_bos_or_else_eos(tiny_models):
     for with_bos, start in ((True, "<s>"), (False, "<eos>")):
         backbone = HFBackbone(tiny_models["llama"], word_tokenizer(with_bos=with_bos), "tiny-llama")
         hybrid = skip_control(backbone, 2)
         start_id = backbone.tokenizer.convert_tokens_to_ids(start)
+        assert start_token_id(backbone.tokenizer) == start_id
         prompted = hybrid.generate(2, 6, prompt_ids=torch.tensor([start_id]), temperature=0.0)
         assert torch.equal(hybrid.generate(2, 6, temperature=0.0), prompted)
         other = hybrid.generate(2, 6, prompt_ids=torch.tensor([start_id + 1]), temperature=0.0)
         assert not torch.equal(prompted, other)  # the start token matters, so the check has teeth
 
 
+def test_a_tokenizer_without_bos_or_eos_has_no_start_token(tiny_models):
+    tokenizer = word_tokenizer(with_bos=False)
+    tokenizer.eos_token = None
+    with pytest.raises(DihalError, match="neither a BOS nor an EOS"):
+        start_token_id(tokenizer)
+    with pytest.raises(DihalError, match="^tiny-llama: the tokenizer has neither"):
+        skip_control(HFBackbone(tiny_models["llama"], tokenizer, "tiny-llama"), 2).generate(1, 2)
+
+
 def test_prompted_generation_continues_the_prompt(backbone):
     hybrid = HybridLM(backbone, fitted_bridge(backbone, 2), 2)
     prompt = random_ids(2, 5, seed=9)
     continuation = hybrid.generate(2, 4, prompt_ids=prompt, temperature=0.0)
-    assert torch.equal(continuation[:, 0], hybrid.logits(prompt)[:, -1].argmax(-1))
+
+    def greedy(logits):  # the most likely token that is not a special one, which are never drawn
+        return logits.index_fill(-1, torch.tensor(special_ids(backbone.tokenizer)), float("-inf")).argmax(-1)
+
+    assert torch.equal(continuation[:, 0], greedy(hybrid.logits(prompt)[:, -1]))
     full = torch.cat([prompt, continuation], dim=1)
-    assert torch.equal(continuation[:, -1], hybrid.logits(full[:, :-1])[:, -1].argmax(-1))
+    assert torch.equal(continuation[:, -1], greedy(hybrid.logits(full[:, :-1])[:, -1]))
 
 
 def test_bad_sampling_options_are_refused(backbone):
     hybrid = skip_control(backbone, 1)
-    for options, message in ((dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
-                             (dict(prompt_ids=random_ids(3, 4)), "prompt_ids")):
+    for options, message in (({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+                             ({"prompt_ids": random_ids(3, 4)}, "prompt_ids")):
         with pytest.raises(DihalError, match=message):
             hybrid.generate(2, 4, **options)
 
@@ -287,8 +335,8 @@ def test_temperature_sharpens_the_distribution():
     generator = torch.Generator().manual_seed(0)
     share = {t: sample_next_token(logits, t, 1.0, generator).float().mean().item() for t in (0.5, 1.0, 2.0)}
     expected = {t: torch.sigmoid(torch.tensor(1.0 / t)).item() for t in share}  # p(token 1) = σ(1/T)
-    for t in share:
-        assert abs(share[t] - expected[t]) < 0.03
+    for t, drawn in share.items():
+        assert abs(drawn - expected[t]) < 0.03
 
 
 def test_banned_ids_are_never_drawn_even_when_most_likely():

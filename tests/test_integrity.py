@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from dihal_builtin.baselines.codar import CoDAR
+from dihal_builtin.baselines.common import CompactVocabulary
 from dihal_builtin.bridge import DihalBridge
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -282,6 +283,7 @@ CODAR = dict(embed_dim=8, d_model=32, heads=2, denoiser_layers=1, decoder_layers
 def test_damaged_baseline_checkpoint_is_an_error_naming_the_file(tmp_path, llama_backbone, file, damage, message):
     budget = Budget(steps=2, batch_size=2, seq_len=8)
     saved = CoDAR(llama_backbone, budget, seed=0, **CODAR)
+    saved.build(CompactVocabulary((3, 4, 5), llama_backbone.vocab_size))  # as fit would, untrained
     saved.save(tmp_path)
     restored = CoDAR(llama_backbone, budget, seed=1, **CODAR)
     restored.load(tmp_path)

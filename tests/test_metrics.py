@@ -1,5 +1,6 @@
 """Metrics against known answers: hand-counted n-grams and entropies, Gen.PPL recomputed
-directly with torch on a tiny random Llama, MAUVE on Gaussians (rank correlations: test_stats.py)."""
+directly with torch on a tiny random Llama, MAUVE on Gaussians, the validity rule on
+hand-made texts (rank correlations: test_stats.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ from dihal_bench.errors import DihalError
 from dihal_bench.metrics import (
     MetricContext,
     SampleSet,
+    evaluate_texts,
     evaluator_features,
-    score_texts,
+    invalid_reason,
 )
 
-WORDS = "the cat sat on a mat dog ran far away and then it slept under tree sun moon star red blue green".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "and", "then", "it", "slept", "under",
+         "tree", "sun", "moon", "star", "red", "blue", "green"]
 TEXTS = ["the cat sat", "a dog ran far away and then it slept", "sun moon star", "red blue green tree under the sun"]
 
 
@@ -54,6 +57,20 @@ class TinyEvaluator:
 
     def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+class OnePassEvaluator(TinyEvaluator):
+    """A TinyEvaluator that also offers logits and final hidden state from one forward pass,
+    counting those passes and the (rows, width) of each."""
+
+    def __init__(self, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast):
+        super().__init__(model, tokenizer)
+        self.passes: list[tuple[int, int]] = []
+
+    def logits_and_final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.passes.append(tuple(input_ids.shape))
+        hidden = self.final_hidden(input_ids, attention_mask)
+        return self.model.lm_head(hidden), hidden
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +109,17 @@ def text_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def scores(evaluator, texts: list[str], **options) -> tuple[np.ndarray, np.ndarray]:
+    evaluation = evaluate_texts(evaluator, texts, **options)
+    return evaluation.nll_sums, evaluation.counts
+
+
 # --- evaluator scoring -------------------------------------------------------------------
 
 
 def test_score_texts_matches_direct_cross_entropy_with_bos(evaluator, model):
     bos = evaluator.tokenizer.bos_token_id
-    nll_sums, counts = score_texts(evaluator, TEXTS, batch_size=3)  # one padded batch, one single
+    nll_sums, counts = scores(evaluator, TEXTS, max_batch_tokens=24)  # padded batches of 10 + 8 and 4 + 4 ids
 
     expected = [direct_nll(model, [bos] + text_ids(evaluator.tokenizer, text)) for text in TEXTS]
     np.testing.assert_allclose(nll_sums, expected, rtol=1e-5)
@@ -108,7 +130,7 @@ def test_score_texts_matches_direct_cross_entropy_with_bos(evaluator, model):
 
 
 def test_score_texts_without_bos_leaves_first_token_unscored(evaluator_without_bos, model):
-    nll_sums, counts = score_texts(evaluator_without_bos, TEXTS, batch_size=2)
+    nll_sums, counts = scores(evaluator_without_bos, TEXTS, max_batch_tokens=18)  # 9 + 7 and 3 + 3 ids
 
     expected = [direct_nll(model, text_ids(evaluator_without_bos.tokenizer, text)) for text in TEXTS]
     np.testing.assert_allclose(nll_sums, expected, rtol=1e-5)
@@ -117,8 +139,8 @@ def test_score_texts_without_bos_leaves_first_token_unscored(evaluator_without_b
 
 def test_texts_with_fewer_than_two_scored_tokens_are_excluded(evaluator, evaluator_without_bos):
     texts = ["", "cat", "cat sat", "cat sat on"]
-    _, counts_bos = score_texts(evaluator, texts)
-    nll_sums, counts_no_bos = score_texts(evaluator_without_bos, texts)
+    _, counts_bos = scores(evaluator, texts)
+    nll_sums, counts_no_bos = scores(evaluator_without_bos, texts)
     assert counts_bos.tolist() == [0, 0, 2, 3]
     assert counts_no_bos.tolist() == [0, 0, 0, 2]
     assert nll_sums[:3].tolist() == [0.0, 0.0, 0.0]
@@ -126,7 +148,7 @@ def test_texts_with_fewer_than_two_scored_tokens_are_excluded(evaluator, evaluat
 
 def test_score_texts_truncates_to_max_length(evaluator, model):
     text = " ".join(WORDS)
-    nll_sums, counts = score_texts(evaluator, [text], max_length=8)
+    nll_sums, counts = scores(evaluator, [text], max_length=8)
     ids = [evaluator.tokenizer.bos_token_id] + text_ids(evaluator.tokenizer, text)[:7]
     assert counts.tolist() == [7]
     assert nll_sums[0] == pytest.approx(direct_nll(model, ids), rel=1e-5)
@@ -143,7 +165,7 @@ def test_gen_ppl_with_a_large_vocabulary_matches_a_float64_reference():
     evaluator = TinyEvaluator(large, make_tokenizer(with_bos=True))
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, size=rng.integers(3, 40))) for _ in range(12)]
-    nll_sums, counts = score_texts(evaluator, texts, batch_size=5)  # padded batches
+    nll_sums, counts = scores(evaluator, texts, max_batch_tokens=160)  # padded batches
 
     # The reference upcasts the same float32 logits (one unpadded text at a time): it removes
     # only the rounding of the log-softmax itself.
@@ -165,7 +187,7 @@ def test_gen_ppl_with_a_large_vocabulary_matches_a_float64_reference():
 
 
 def test_evaluator_features_take_the_last_real_token(evaluator, model):
-    features = evaluator_features(evaluator, TEXTS, batch_size=3)
+    features = evaluator_features(evaluator, TEXTS, max_batch_tokens=24)
 
     assert features.shape == (len(TEXTS), model.config.hidden_size)
     for text, feature in zip(TEXTS, features):
@@ -179,6 +201,93 @@ def test_evaluator_features_cap_each_text_at_max_tokens(evaluator):
     capped = evaluator_features(evaluator, ["the cat sat on a mat", "dog ran far"], max_tokens=[2, 10])
     plain = evaluator_features(evaluator, ["the cat", "dog ran far"])
     np.testing.assert_allclose(capped, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_one_pass_scores_and_featurises_as_the_two_calls_do(model):
+    tokenizer = make_tokenizer(with_bos=True)
+    one_pass = OnePassEvaluator(model, tokenizer)
+    combined = evaluate_texts(one_pass, TEXTS + ["cat"], max_batch_tokens=24)
+    separate = evaluate_texts(TinyEvaluator(model, tokenizer), TEXTS + ["cat"], max_batch_tokens=24)
+
+    assert one_pass.passes == [(2, 10), (2, 4)]  # "cat" (1 scored token) is not run
+    # Both compute lm_head(model.model(...)) on the same batches: equal up to kernel choice.
+    np.testing.assert_allclose(combined.nll_sums, separate.nll_sums, rtol=1e-6)
+    np.testing.assert_allclose(combined.features, separate.features, rtol=1e-6, atol=1e-7)
+    assert combined.counts.tolist() == separate.counts.tolist() == [3, 9, 3, 7, 0]
+    assert combined.text_tokens.tolist() == [3, 9, 3, 7, 1]
+    assert np.isnan(combined.features[4]).all() and not np.isnan(combined.features[:4]).any()
+
+
+def test_the_pass_features_are_the_evaluator_features(evaluator):
+    evaluation = evaluate_texts(evaluator, TEXTS, max_batch_tokens=24)
+    # The pass pads texts in pairs, evaluator_features (budget 1) runs each alone: padding
+    # moves float32 activations by a few ulps, as in test_evaluator_features_take_the_last_real_token.
+    np.testing.assert_allclose(evaluation.features, evaluator_features(evaluator, TEXTS, max_batch_tokens=1),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_token_budgets_bound_every_batch_and_leave_the_nll_unchanged(model):
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(2, 30))) for _ in range(20)]
+    results = {}
+    for budget in (1, 40, 100, 10**6):
+        evaluator = OnePassEvaluator(model, make_tokenizer(with_bos=True))
+        results[budget] = evaluate_texts(evaluator, texts, max_batch_tokens=budget)
+        assert all(rows * width <= budget or rows == 1 for rows, width in evaluator.passes)
+        assert sum(rows for rows, _ in evaluator.passes) == len(texts)
+    assert max(rows for rows, _ in evaluator.passes) == len(texts)  # the largest budget: one batch
+
+    unbatched = results[1]  # one text per pass, no padding
+    for budget, evaluation in results.items():
+        # Padding changes a text's float32 logits by a few ulps only (masked positions are not
+        # attended to); NLLs of ~3.4 nats per token then move by ~1e-6 relative, well within 1e-5.
+        np.testing.assert_allclose(evaluation.nll_sums, unbatched.nll_sums, rtol=1e-5, err_msg=f"budget {budget}")
+        assert evaluation.counts.tolist() == unbatched.counts.tolist()
+
+
+@pytest.mark.parametrize("budget", [0, -5, 2.5, True])
+def test_a_bad_token_budget_is_refused(evaluator, budget):
+    with pytest.raises(DihalError, match="max_batch_tokens"):
+        evaluate_texts(evaluator, TEXTS, max_batch_tokens=budget)
+    with pytest.raises(DihalError, match="max_batch_tokens"):
+        MetricContext(evaluator=None, references=[], seed=0, max_batch_tokens=budget)
+
+
+# --- which samples count ------------------------------------------------------------------
+
+
+def test_empty_and_whitespace_texts_are_invalid():
+    assert invalid_reason("") == "empty"
+    assert invalid_reason(" \n\t ") == "empty"
+
+
+def test_a_text_dominated_by_one_word_is_degenerate():
+    assert "degenerate" in invalid_reason("the the the cat")  # 3 of 4 words
+    assert "degenerate" in invalid_reason("word")  # a one-word text: 1 of 1
+    assert "'ha'" in invalid_reason(" ".join(["ha"] * 60 + WORDS[:10]))  # 60 of 70
+    assert invalid_reason("the cat the dog") is None  # exactly half is not more than half
+    assert invalid_reason("the cat sat on the mat and the dog ran far away") is None
+
+
+def test_too_few_evaluator_tokens_make_a_text_invalid():
+    assert "too short" in invalid_reason("the cat", scored_tokens=1)
+    assert invalid_reason("the cat", scored_tokens=2) is None
+    assert invalid_reason("", scored_tokens=5) == "empty"
+
+
+def test_sample_set_lists_its_valid_samples():
+    samples = SampleSet("m", ["the cat sat", "", "a a a b", "dog ran"], [[1], [], [2], [3]])
+    assert samples.valid_indices() == [0, 3]
+    assert samples.valid_indices(scored_tokens=[3, 0, 4, 1]) == [0]
+    assert samples.invalid_reasons()[1] == "empty"
+    with pytest.raises(DihalError, match="4 texts but 2 counts"):
+        samples.valid_indices(scored_tokens=[1, 2])
+
+
+@pytest.mark.parametrize("field, value", [("min_valid", 0), ("mauve_bootstrap", -1), ("max_length", 1)])
+def test_metric_context_refuses_bad_settings(field, value):
+    with pytest.raises(DihalError, match=field):
+        MetricContext(evaluator=None, references=[], seed=0, **{field: value})
 
 
 # --- Gen.PPL conventions ------------------------------------------------------------------
@@ -266,6 +375,30 @@ def test_diversity_counts_each_texts_last_ngram():
 def test_diversity_needs_a_long_enough_text():
     with pytest.raises(DihalError):
         builtin.diversity(["a b c", "d e"])
+    with pytest.raises(DihalError):
+        builtin.diversity_pooled(["a b c", "d e"])
+
+
+def test_pooled_diversity_counts_an_ngram_shared_by_texts_once():
+    # Each text alone repeats nothing; pooled, 3 copies of 4 2-grams, 3 3-grams, 2 4-grams.
+    identical = ["a b c d e"] * 3
+    assert builtin.diversity(identical) == 1.0
+    assert builtin.diversity_pooled_ngrams(identical, 2) == pytest.approx(4 / 12)
+    assert builtin.diversity_pooled(identical) == pytest.approx((1 / 3) ** 3)
+    # 2-grams (a b) (b a) (a b) twice over: 2 distinct of 6 pooled, against 4 of 6 per text.
+    assert builtin.diversity_pooled_ngrams(["a b a b", "a b a b"], 2) == pytest.approx(2 / 6)
+
+
+def test_pooled_diversity_equals_per_text_when_texts_share_no_ngram():
+    texts = ["a a a a", "b c d e f"]  # within the first text 2-grams repeat; across texts nothing is shared
+    assert builtin.diversity_pooled(texts) == pytest.approx(builtin.diversity(texts))
+
+
+def test_pooled_diversity_never_exceeds_per_text_diversity():
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        texts = [" ".join(rng.choice(list("abcdef"), size=rng.integers(4, 12))) for _ in range(5)]
+        assert builtin.diversity_pooled(texts) <= builtin.diversity(texts) + 1e-12
 
 
 # --- MAUVE --------------------------------------------------------------------------------
@@ -293,6 +426,32 @@ def test_mauve_with_too_few_samples_returns_none_and_names_the_count():
     result = builtin.mauve_score(rng.normal(size=(50, 4)), rng.normal(size=(9, 4)), seed=0)
     assert result["mauve"] is None and result["n"] == 9
     assert "9 generations" in result["warning"]
+
+
+def test_mauve_bootstrap_interval_brackets_resampled_values_and_is_seeded():
+    rng = np.random.default_rng(6)
+    p, q = rng.normal(size=(40, 8)), rng.normal(size=(40, 8)) + 0.3
+    first = builtin.mauve_score(p, q, seed=3, bootstrap=8)
+    assert first == builtin.mauve_score(p, q, seed=3, bootstrap=8)
+    assert first["bootstrap"] == 8
+    assert 0.0 <= first["mauve_ci_low"] < first["mauve_ci_high"] <= 1.0
+    other = builtin.mauve_bootstrap_interval(p, q, seed=4, resamples=8)
+    assert other != (first["mauve_ci_low"], first["mauve_ci_high"])
+
+
+def test_mauve_without_bootstrap_has_no_interval():
+    rng = np.random.default_rng(7)
+    result = builtin.mauve_score(rng.normal(size=(30, 4)), rng.normal(size=(30, 4)), seed=0)
+    assert result["mauve_ci_low"] is None and result["mauve_ci_high"] is None and result["bootstrap"] == 0
+
+
+def test_mauve_intervals_separate_one_gaussian_from_disjoint_ones_at_evaluator_width():
+    # The size of a real run's check: 128 samples a side, features as wide as a 576-d evaluator.
+    rng = np.random.default_rng(8)
+    p = rng.normal(size=(128, 576)).astype(np.float32)
+    same = builtin.mauve_score(p, rng.normal(size=(128, 576)).astype(np.float32), seed=0, bootstrap=6)
+    shifted = builtin.mauve_score(p, rng.normal(size=(128, 576)).astype(np.float32) + 0.5, seed=0, bootstrap=6)
+    assert shifted["mauve_ci_high"] < same["mauve_ci_low"]
 
 
 def test_mauve_without_the_extra_says_how_to_install_it(monkeypatch, registered, evaluator):
@@ -325,28 +484,61 @@ def sample_set(texts: list[str], tokenizer) -> SampleSet:
 
 
 def test_plugin_registers_every_builtin_metric(registered):
-    assert set(registered) == {"gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "mauve"}
+    assert set(registered) == {"gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "diversity_pooled", "mauve"}
     assert registered["gen_ppl"][1]["higher_is_better"] is False
     assert registered["mauve"][1]["higher_is_better"] is True
+    assert registered["diversity_pooled"][1]["higher_is_better"] is True
+    assert registered["diversity_pooled"][1]["display_name"] == "Diversity (pooled)"
     assert all(meta["description"] for _, meta in registered.values())
 
 
-def test_gen_ppl_metrics_score_the_texts_once(registered, evaluator, monkeypatch):
-    calls = []
-    logits = evaluator.logits
-    monkeypatch.setattr(evaluator, "logits", lambda *args: calls.append(1) or logits(*args))
-    monkeypatch.setattr(builtin, "_last_scores", None)
-    samples = sample_set(TEXTS + ["cat"], evaluator.tokenizer)
-    ctx = MetricContext(evaluator=evaluator, references=[], seed=0, batch_size=len(TEXTS) + 1)
+def random_texts(seed: int, count: int) -> list[str]:
+    """`count` texts of 5-9 distinct random words: valid under the evaluator tokenizer."""
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(5, 10), replace=False)) for _ in range(count)]
+
+
+def test_evaluator_metrics_run_the_evaluator_once_on_the_same_valid_samples(registered, model, monkeypatch):
+    evaluator = OnePassEvaluator(model, make_tokenizer(with_bos=True))
+    monkeypatch.setattr(builtin, "_last_pass", None)
+    invalid = ["", "the the the cat", "cat"]  # empty, degenerate, one scored token
+    generations = random_texts(9, 12)
+    samples = sample_set(invalid + generations, evaluator.tokenizer)
+    ctx = MetricContext(evaluator=evaluator, references=random_texts(10, 20), seed=0, min_valid=12,
+                        mauve_bootstrap=0)
+    mauve_q, mauve_score = [], builtin.mauve_score
+
+    def spy(p_features, q_features, **options):
+        mauve_q.append(q_features)
+        return mauve_score(p_features, q_features, **options)
+
+    monkeypatch.setattr(builtin, "mauve_score", spy)
 
     corpus = registered["gen_ppl"][0](samples, ctx)
     sample_mean = registered["gen_ppl_sample_mean"][0](samples, ctx)
+    mauve = registered["mauve"][0](samples, ctx)
 
-    assert len(calls) == 1
-    nll_sums, counts = score_texts(evaluator, samples.texts)
-    assert corpus["gen_ppl"] == pytest.approx(builtin.gen_ppl(nll_sums, counts))
-    assert sample_mean["gen_ppl_sample_mean"] == pytest.approx(builtin.gen_ppl_sample_mean(nll_sums, counts))
-    assert corpus["n_scored"] == len(TEXTS) and corpus["n_excluded"] == 1  # "cat" has 1 scored token
+    assert len(evaluator.passes) == 1  # every generation in one batch, scored and featurised at once
+    expected = evaluate_texts(evaluator, generations)
+    # expected pads the valid texts in another batch: the float32 rounding of padding, as above
+    assert corpus["gen_ppl"] == pytest.approx(builtin.gen_ppl(expected.nll_sums, expected.counts), rel=1e-5)
+    assert sample_mean["gen_ppl_sample_mean"] == pytest.approx(
+        builtin.gen_ppl_sample_mean(expected.nll_sums, expected.counts), rel=1e-5)
+    for result in (corpus, sample_mean, mauve):
+        assert (result["n_valid"], result["n_invalid"]) == (12, 3)
+    np.testing.assert_allclose(mauve_q[0], expected.features, rtol=1e-4, atol=1e-5)
+    assert mauve["n"] == 12 and 0.0 <= mauve["mauve"] <= 1.0
+
+
+def test_too_few_valid_samples_flag_the_method_instead_of_averaging(registered, evaluator):
+    samples = sample_set(TEXTS + ["", "a a a a"], evaluator.tokenizer)
+    ctx = MetricContext(evaluator=evaluator, references=random_texts(11, 20), seed=0)  # min_valid 16
+    for name in ("gen_ppl", "gen_ppl_sample_mean", "mauve"):
+        result = registered[name][0](samples, ctx)
+        assert result[name] is None, name
+        assert "flagged, not averaged: 4 valid samples of 6, under min_valid=16" in result["warning"]
+        assert "sample 4: empty" in result["warning"]
+        assert (result["n_valid"], result["n_invalid"]) == (4, 2)
 
 
 def test_evaluator_metrics_need_an_evaluator(registered, evaluator):
@@ -359,33 +551,53 @@ def test_evaluator_metrics_need_an_evaluator(registered, evaluator):
 def test_entropy_and_diversity_metrics(registered, evaluator):
     samples = SampleSet(method="tiny", texts=["a a a a", "a b c d", ""], token_ids=[[1, 2], [3, 3], []])
     ctx = MetricContext(evaluator=None, references=[], seed=0)
-    assert registered["entropy"][0](samples, ctx) == {"entropy": pytest.approx(math.log(2) / 2), "n": 2}
+    assert registered["entropy"][0](samples, ctx) == {"entropy": pytest.approx(math.log(2) / 2), "n": 2, "n_valid": 1}
     assert registered["diversity"][0](samples, ctx) == {
         "diversity": pytest.approx(1 / 2),
         "diversity_2": pytest.approx(4 / 6),
         "diversity_3": pytest.approx(3 / 4),
         "diversity_4": 1.0,
+        "n_valid": 1,
     }
     assert registered["diversity"][0](SampleSet("tiny", ["a b"], [[1]]), ctx)["diversity"] is None
 
 
+def test_pooled_diversity_metric(registered):
+    samples = SampleSet(method="tiny", texts=["a b c d e"] * 3 + ["x"], token_ids=[[1]] * 4)
+    ctx = MetricContext(evaluator=None, references=[], seed=0)
+    assert registered["diversity_pooled"][0](samples, ctx) == {
+        "diversity_pooled": pytest.approx(1 / 27),
+        "diversity_pooled_2": pytest.approx(4 / 12),
+        "diversity_pooled_3": pytest.approx(3 / 9),
+        "diversity_pooled_4": pytest.approx(2 / 6),
+        "n_valid": 3,  # "x" is a one-word text
+    }
+    assert registered["diversity"][0](samples, ctx)["diversity"] == 1.0
+    short = registered["diversity_pooled"][0](SampleSet("tiny", ["a b"], [[1]]), ctx)
+    assert short["diversity_pooled"] is None and "4 or more words" in short["warning"]
+
+
 def test_mauve_metric_length_matches_references_to_generations(registered, evaluator, monkeypatch):
     rng = np.random.default_rng(5)
-    generations = [" ".join(rng.choice(WORDS, size=rng.integers(2, 6))) for _ in range(12)] + [" "]
-    references = [" ".join(rng.choice(WORDS, size=10)) for _ in range(20)]
+    generations = [" ".join(rng.choice(WORDS, size=rng.integers(2, 6), replace=False)) for _ in range(12)] + [" "]
+    references = [" ".join(rng.choice(WORDS, size=10)) for _ in range(20)] + ["", "sun sun sun"]
     caps = []
 
     def spy(evaluator, texts, *, max_tokens=None, **options):
-        caps.append(max_tokens)
+        caps.append((texts, max_tokens))
         return evaluator_features(evaluator, texts, max_tokens=max_tokens, **options)
 
     monkeypatch.setattr(builtin, "evaluator_features", spy)
     samples = sample_set(generations, evaluator.tokenizer)
-    result = registered["mauve"][0](samples, MetricContext(evaluator=evaluator, references=references, seed=0))
+    ctx = MetricContext(evaluator=evaluator, references=references[::-1], seed=0, min_valid=10, mauve_bootstrap=3)
+    result = registered["mauve"][0](samples, ctx)
 
-    assert caps == [None, [len(text.split()) for text in generations[:12]]]
+    # Only the references are featurised here (the generations come from the scoring pass);
+    # invalid references are skipped.
+    assert caps == [(references[19:7:-1], [len(text.split()) for text in generations[:12]])]
     assert result["n"] == 12 and 0.0 <= result["mauve"] <= 1.0
-    assert "12 of 13 samples" in result["warning"]
+    assert (result["n_valid"], result["n_invalid"]) == (12, 1)
+    assert result["bootstrap"] == 3 and result["mauve_ci_low"] <= result["mauve_ci_high"]
 
 
 def test_mauve_metric_with_few_references_returns_none(registered, evaluator):

@@ -432,7 +432,7 @@ def test_builtin_metrics_have_column_titles_and_directions():
     metrics = get_registry().items["metric"]
     assert {name: reg.meta["display_name"] for name, reg in metrics.items()} == {
         "gen_ppl": "Gen.PPL", "gen_ppl_sample_mean": "Gen.PPL (mean)", "entropy": "Entropy",
-        "diversity": "Diversity", "mauve": "MAUVE",
+        "diversity": "Diversity", "diversity_pooled": "Diversity (pooled)", "mauve": "MAUVE",
     }
     assert all(isinstance(reg.meta["higher_is_better"], bool) for reg in metrics.values())
 

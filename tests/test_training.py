@@ -4,14 +4,17 @@ import json
 import math
 import os
 import stat
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
-import dihal_bench.training as training
+from dihal_bench import training
+from dihal_bench.bridge_training import bridge_windows, packed_split, training_subset
 from dihal_bench.budget import Budget
+from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.training import batch_indices, count_trainable, learning_rate, train
 
@@ -138,8 +141,8 @@ def weights(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def assert_bitwise_equal(a: dict, b: dict):
     assert a.keys() == b.keys()
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
+    for name, tensor in a.items():
+        assert torch.equal(tensor, b[name]), name
 
 
 def test_train_reduces_loss_and_reports_counts():
@@ -310,7 +313,8 @@ def test_mismatched_checkpoint_is_an_error(tmp_path):
 
 def test_non_finite_loss_is_an_error():
     with pytest.raises(DihalError, match="loss is nan at step 0"):
-        train(toy_model(0), lambda model, batch, generator: torch.tensor(float("nan")), toy_data(), BUDGET, progress=False)
+        train(toy_model(0), lambda model, batch, generator: torch.tensor(float("nan")), toy_data(), BUDGET,
+              progress=False)
 
 
 def test_count_trainable_is_what_the_optimizer_updates():
@@ -346,3 +350,26 @@ def test_tied_parameters_count_once_and_checkpoint(tmp_path):
     train(model, loss_fn, data, budget, checkpoint_dir=tmp_path, progress=False)
     assert list(load_file(tmp_path / "model.safetensors")) == ["0.weight"]
     assert model[1].weight is model[0].weight
+
+
+# -- the bridge's windows -------------------------------------------------------------------
+
+
+def test_bridge_windows_start_with_the_start_token_and_keep_the_length(llama_backbone, text_dir):
+    """Real packed training windows of the character tokenizer (no BOS: the start is its EOS)."""
+    text = training_subset(packed_split(llama_backbone, load_corpus(str(text_dir)), "train", 16), [Budget(
+        steps=2, batch_size=4, seq_len=16)], seed=0)
+    windows = bridge_windows(llama_backbone, text)
+    eos = llama_backbone.tokenizer.eos_token_id
+    assert windows.shape == text.shape and windows.dtype == text.dtype
+    assert (windows[:, 0] == eos).all() and not (text == eos).any()  # packed text holds no specials
+    assert torch.equal(windows[:, 1:], text[:, :-1])  # the same text, less each window's last token
+
+
+def test_bridge_windows_prefer_bos_and_refuse_windows_too_short():
+    backbone = SimpleNamespace(tokenizer=SimpleNamespace(bos_token_id=7, eos_token_id=1))
+    text = torch.arange(12).view(3, 4)
+    assert torch.equal(bridge_windows(backbone, text), torch.tensor([[7, 0, 1, 2], [7, 4, 5, 6], [7, 8, 9, 10]]))
+    for bad in (torch.zeros(3, 1, dtype=torch.long), torch.zeros(4, dtype=torch.long)):
+        with pytest.raises(DihalError, match="T ≥ 2"):
+            bridge_windows(backbone, bad)

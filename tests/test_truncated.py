@@ -12,7 +12,7 @@ import torch
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench import hookimpl
-from dihal_bench.bridge_training import with_states
+from dihal_bench.bridge_training import bridge_windows, with_states
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.geometry import run_proxy
@@ -79,7 +79,8 @@ def test_with_states_adds_the_condition_and_stops_at_max_layers(qwen3):
         data = with_states(qwen3, sequences, [3, 1], progress=False)
     assert calls.seen == {0, 1, 2}
     assert sorted(data.states) == [0, 1, 3]
-    full = qwen3.hidden_states(sequences)
+    assert torch.equal(data.sequences, bridge_windows(qwen3, sequences))  # the start token, then the text
+    full = qwen3.hidden_states(data.sequences)
     assert all(torch.equal(data.states[layer], full[layer]) for layer in (0, 1, 3))
 
 

@@ -1,10 +1,15 @@
-"""Built-in metrics: Gen.PPL (two conventions), unigram entropy, n-gram diversity, MAUVE.
+"""Built-in metrics: Gen.PPL (two conventions), unigram entropy, n-gram diversity (per text and
+pooled), MAUVE with a bootstrap interval.
 
 The plain functions compute each metric from numbers or texts and say which paper's
 convention they follow; `register_metrics` wraps them as `fn(samples, ctx) -> dict`
 metric plugins. A registered metric returns its value under its own name plus the counts
 it was computed on; when the samples leave nothing to measure it returns None and a
 `warning` instead of raising, so one degenerate method does not stop a suite.
+
+Gen.PPL and MAUVE read the same samples, the valid ones (`dihal_bench.metrics.invalid_reason`
+with the evaluator's token count), and one evaluator pass (`evaluate_texts`) serves both.
+Entropy and diversity read every sample. See docs/method.md#metrics.
 
 Rank correlations across layers are not per-sample metrics: they live in the core,
 `dihal_bench.stats`.
@@ -20,20 +25,23 @@ import numpy as np
 from dihal_bench import hookimpl
 from dihal_bench.errors import DihalError
 from dihal_bench.metrics import (
-    MIN_SCORED_TOKENS,
     Evaluator,
+    EvaluatorPass,
     MetricContext,
     SampleSet,
+    evaluate_texts,
     evaluator_features,
-    score_texts,
+    invalid_reason,
 )
 
 #: MAUVE needs at least this many samples on each side to form two histogram buckets.
 MAUVE_MIN_SAMPLES = 10
 #: Below this many samples per side MAUVE is biased upward (MAUVE README; its paper uses 5000).
 MAUVE_RELIABLE_SAMPLES = 1000
-#: The n-gram orders whose diversities multiply into `diversity` (SimCTG).
+#: The n-gram orders whose diversities multiply into `diversity` (SimCTG) and `diversity_pooled` (LD4LG).
 DIVERSITY_NS = (2, 3, 4)
+#: MAUVE's bootstrap interval covers this central share of the resampled values.
+MAUVE_CI_LEVEL = 0.95
 
 MetricResult = dict[str, float | int | str | None]
 
@@ -98,6 +106,12 @@ def unigram_entropy(token_ids_per_text: Sequence[Sequence[int]]) -> float:
     return float(np.mean(entropies))
 
 
+def _ngrams(text: str, n: int) -> list[tuple[str, ...]]:
+    """All m - n + 1 n-grams of a text's m whitespace tokens."""
+    tokens = text.split()
+    return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+
+
 def diversity_ngrams(texts: Sequence[str], n: int) -> float:
     """Σ_texts |distinct n-grams in the text| / Σ_texts |n-grams in the text|, on whitespace tokens.
 
@@ -108,8 +122,7 @@ def diversity_ngrams(texts: Sequence[str], n: int) -> float:
     """
     distinct = total = 0
     for text in texts:
-        tokens = text.split()
-        ngrams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+        ngrams = _ngrams(text, n)
         distinct += len(set(ngrams))
         total += len(ngrams)
     if total == 0:
@@ -120,41 +133,113 @@ def diversity_ngrams(texts: Sequence[str], n: int) -> float:
 def diversity(texts: Sequence[str], ns: Sequence[int] = DIVERSITY_NS) -> float:
     """Diversity = ∏_{n in ns} `diversity_ngrams(texts, n)`: 1 when no text repeats an n-gram.
 
-    SimCTG's definition (∏ (1 - rep-n/100), n = 2, 3, 4). LD4LG, whose metrics DiHAL
-    probably reuses, applies the same formula to the pooled samples tokenised by spaCy,
-    so its numbers are comparable in kind, not digit for digit.
+    SimCTG's definition (∏ (1 - rep-n/100), n = 2, 3, 4). LD4LG applies the same formula to
+    the pooled samples (`diversity_pooled`).
     """
     return float(np.prod([diversity_ngrams(texts, n) for n in ns]))
 
 
+def diversity_pooled_ngrams(texts: Sequence[str], n: int) -> float:
+    """|distinct n-grams over all texts| / Σ_texts |n-grams in the text|, on whitespace tokens.
+
+    Distinctness is over the whole sample set: an n-gram that two texts share counts once,
+    so a method that writes the same text every time scores low here however varied each
+    text is. LD4LG's convention (`justinlovelace/latent-diffusion-for-language:
+    evaluation/evaluation.py`, `compute_diversity`: one n-gram set updated over all texts),
+    which tokenises with spaCy where we split on whitespace.
+    """
+    distinct: set[tuple[str, ...]] = set()
+    total = 0
+    for text in texts:
+        ngrams = _ngrams(text, n)
+        distinct.update(ngrams)
+        total += len(ngrams)
+    if total == 0:
+        raise DihalError(f"diversity_pooled: no text has {n} or more words")
+    return len(distinct) / total
+
+
+def diversity_pooled(texts: Sequence[str], ns: Sequence[int] = DIVERSITY_NS) -> float:
+    """Pooled diversity = ∏_{n in ns} `diversity_pooled_ngrams(texts, n)`: 1 when no n-gram
+    occurs twice in the whole set; never above `diversity` of the same texts."""
+    return float(np.prod([diversity_pooled_ngrams(texts, n) for n in ns]))
+
+
 def mauve_score(
-    p_features: np.ndarray, q_features: np.ndarray, *, seed: int, num_buckets: int | str = "auto"
+    p_features: np.ndarray,
+    q_features: np.ndarray,
+    *,
+    seed: int,
+    num_buckets: int | str = "auto",
+    bootstrap: int = 0,
 ) -> MetricResult:
     """MAUVE between references P and generations Q, given (n, d) features of each.
 
     Calls mauve-text's `compute_mauve(p_features=..., q_features=...)` with its defaults
     (L2-normalise, PCA to 90% variance, k-means into `num_buckets` = n/10 buckets,
     scaling c = 5; Pillutla et al., NeurIPS 2021), seeded by `seed`. Returns
-    `{"mauve": float, "n": int}`, n being the smaller side's count, plus a `warning` when
-    n < 1000, where MAUVE reads optimistic. With fewer than 10 samples on a side it
-    returns mauve None and a warning instead.
+    `{"mauve": float, "n": int, "mauve_ci_low", "mauve_ci_high", "bootstrap": int}`, n
+    being the smaller side's count and the interval `mauve_bootstrap_interval`'s with
+    `bootstrap` resamples (None for 0), plus a `warning` when n < 1000, where MAUVE reads
+    optimistic. With fewer than 10 samples on a side it returns mauve None and a warning.
 
     mauve-text (GPLv3) is the optional extra `dihal-bench[mauve]`.
     """
     mauve = _import_mauve()
     p_features, q_features = np.asarray(p_features), np.asarray(q_features)
     n = min(len(p_features), len(q_features))
+    result: MetricResult = {"mauve": None, "n": n, "mauve_ci_low": None, "mauve_ci_high": None, "bootstrap": 0}
     if n < MAUVE_MIN_SAMPLES:
-        return {"mauve": None, "n": n, "warning": _too_few_for_mauve(len(p_features), len(q_features))}
+        result["warning"] = _too_few_for_mauve(len(p_features), len(q_features))
+        return result
     out = mauve.compute_mauve(
         p_features=p_features, q_features=q_features, num_buckets=num_buckets, seed=seed, verbose=False
     )
-    result: MetricResult = {"mauve": float(out.mauve), "n": n}
+    result["mauve"] = float(out.mauve)
+    if bootstrap > 0:
+        result["mauve_ci_low"], result["mauve_ci_high"] = mauve_bootstrap_interval(
+            p_features, q_features, seed=seed, resamples=bootstrap, num_buckets=num_buckets
+        )
+        result["bootstrap"] = bootstrap
     if n < MAUVE_RELIABLE_SAMPLES:
         result["warning"] = (
             f"MAUVE on {n} samples per side is optimistic; use at least {MAUVE_RELIABLE_SAMPLES} (its paper uses 5000)"
         )
     return result
+
+
+def mauve_bootstrap_interval(
+    p_features: np.ndarray,
+    q_features: np.ndarray,
+    *,
+    seed: int,
+    resamples: int,
+    num_buckets: int | str = "auto",
+) -> tuple[float, float]:
+    """The central `MAUVE_CI_LEVEL` (95%) percentile interval of MAUVE over bootstrap resamples.
+
+    Each resample draws both sides' rows with replacement (each side keeps its size) and
+    its own k-means seed, all from a NumPy generator seeded with `seed`, so the interval
+    covers the quantisation's randomness as well as the sampling's, and the same seed gives
+    the same interval. It shows how much MAUVE moves between sample sets of this size; it
+    does not remove MAUVE's upward bias at small n.
+    """
+    if resamples < 1:
+        raise DihalError(f"mauve bootstrap: resamples must be >= 1, got {resamples}")
+    mauve = _import_mauve()
+    rng = np.random.default_rng(seed)
+    values = []
+    for _ in range(resamples):
+        p_rows = rng.integers(0, len(p_features), size=len(p_features))
+        q_rows = rng.integers(0, len(q_features), size=len(q_features))
+        # mauve-text passes seed + 2 on to faiss, which takes a 32-bit int
+        kmeans_seed = int(rng.integers(0, 2**31 - 3))
+        out = mauve.compute_mauve(p_features=p_features[p_rows], q_features=q_features[q_rows],
+                                  num_buckets=num_buckets, seed=kmeans_seed, verbose=False)
+        values.append(out.mauve)
+    tail = 100 * (1 - MAUVE_CI_LEVEL) / 2
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def _import_mauve():
@@ -165,13 +250,9 @@ def _import_mauve():
     return mauve
 
 
-def _is_constant(values: np.ndarray) -> bool:
-    return bool(np.all(values == values[0]))
-
-
 def _too_few_for_mauve(n_references: int, n_generations: int) -> str:
     return (
-        f"MAUVE not computed: needs {MAUVE_MIN_SAMPLES} non-empty texts per side, "
+        f"MAUVE not computed: needs {MAUVE_MIN_SAMPLES} valid texts per side, "
         f"got {n_references} references and {n_generations} generations"
     )
 
@@ -185,38 +266,58 @@ def _require_evaluator(ctx: MetricContext, metric: str) -> Evaluator:
     return ctx.evaluator
 
 
-# The last scoring, so that gen_ppl and gen_ppl_sample_mean on the same samples run the
-# evaluator once. A weak reference, so the memo neither keeps a model alive nor mistakes
-# a new model at a recycled id() for the old one.
-_last_scores: tuple[weakref.ref, tuple, tuple[np.ndarray, np.ndarray]] | None = None
+# The last evaluator pass, so that gen_ppl, gen_ppl_sample_mean and mauve on the same
+# samples run the evaluator once. A weak reference, so the memo neither keeps a model alive
+# nor mistakes a new model at a recycled id() for the old one.
+_last_pass: tuple[weakref.ref, tuple, EvaluatorPass] | None = None
 
 
-def _evaluator_scores(samples: SampleSet, ctx: MetricContext, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    global _last_scores
+def _evaluator_pass(samples: SampleSet, ctx: MetricContext, metric: str) -> EvaluatorPass:
+    global _last_pass
     evaluator = _require_evaluator(ctx, metric)
+    # The batching is not in the key: it changes the numbers only by float rounding.
     key = (tuple(samples.texts), ctx.max_length)
-    if _last_scores is not None and _last_scores[0]() is evaluator and _last_scores[1] == key:
-        return _last_scores[2]
-    nll_sums, counts = score_texts(evaluator, samples.texts, batch_size=ctx.batch_size, max_length=ctx.max_length)
-    nll_sums.flags.writeable = counts.flags.writeable = False  # shared by every caller of the memo
-    _last_scores = (weakref.ref(evaluator), key, (nll_sums, counts))
-    return nll_sums, counts
+    if _last_pass is not None and _last_pass[0]() is evaluator and _last_pass[1] == key:
+        return _last_pass[2]
+    evaluation = evaluate_texts(evaluator, samples.texts, max_batch_tokens=ctx.max_batch_tokens,
+                                max_length=ctx.max_length)
+    for array in (evaluation.nll_sums, evaluation.counts, evaluation.text_tokens, evaluation.features):
+        array.flags.writeable = False  # shared by every caller of the memo
+    _last_pass = (weakref.ref(evaluator), key, evaluation)
+    return evaluation
+
+
+def _validity(samples: SampleSet, evaluation: EvaluatorPass) -> tuple[list[int], list[str | None]]:
+    """The rows Gen.PPL and MAUVE read (valid, with the evaluator's counts) and every row's reason."""
+    reasons = samples.invalid_reasons(evaluation.counts)
+    return [i for i, reason in enumerate(reasons) if reason is None], reasons
+
+
+def _validity_counts(rows: list[int], samples: SampleSet) -> MetricResult:
+    return {"n_valid": len(rows), "n_invalid": len(samples.texts) - len(rows)}
+
+
+def _flag_if_too_few(rows: list[int], reasons: list[str | None], ctx: MetricContext) -> str | None:
+    """The warning that flags a method with fewer than `ctx.min_valid` valid samples, else None."""
+    if len(rows) >= ctx.min_valid:
+        return None
+    example = next(((i, reason) for i, reason in enumerate(reasons) if reason is not None), None)
+    why = f" (sample {example[0]}: {example[1]})" if example else ""
+    return (f"flagged, not averaged: {len(rows)} valid samples of {len(reasons)}, "
+            f"under min_valid={ctx.min_valid}{why}")
 
 
 def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], float]) -> Callable:
     def metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
-        nll_sums, counts = _evaluator_scores(samples, ctx, name)
-        scored = counts > 0
-        result: MetricResult = {
-            name: None,
-            "n_scored": int(scored.sum()),
-            "n_excluded": int((~scored).sum()),
-            "tokens": int(counts.sum()),
-        }
-        if scored.any():
-            result[name] = aggregate(nll_sums, counts)
+        evaluation = _evaluator_pass(samples, ctx, name)
+        rows, reasons = _validity(samples, evaluation)
+        result: MetricResult = {name: None, **_validity_counts(rows, samples),
+                                "tokens": int(evaluation.counts[rows].sum())}
+        flag = _flag_if_too_few(rows, reasons, ctx)
+        if flag:
+            result["warning"] = flag
         else:
-            result["warning"] = f"no sample has {MIN_SCORED_TOKENS} or more evaluator tokens to score"
+            result[name] = aggregate(evaluation.nll_sums[rows], evaluation.counts[rows])
         return result
 
     return metric
@@ -224,44 +325,53 @@ def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], 
 
 def _entropy_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
     nonempty = [ids for ids in samples.token_ids if len(ids) > 0]
+    n_valid = len(samples.valid_indices())
     if not nonempty:
-        return {"entropy": None, "n": 0, "warning": "every sample is empty"}
-    return {"entropy": unigram_entropy(nonempty), "n": len(nonempty)}
+        return {"entropy": None, "n": 0, "n_valid": n_valid, "warning": "every sample is empty"}
+    return {"entropy": unigram_entropy(nonempty), "n": len(nonempty), "n_valid": n_valid}
 
 
-def _diversity_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
-    longest = max(DIVERSITY_NS)
-    if all(len(text.split()) < longest for text in samples.texts):
-        return {"diversity": None, "warning": f"no sample has {longest} or more words"}
-    per_n = {f"diversity_{n}": diversity_ngrams(samples.texts, n) for n in DIVERSITY_NS}
-    return {"diversity": float(np.prod(list(per_n.values()))), **per_n}
+def _diversity_metric(name: str, per_n: Callable[[Sequence[str], int], float]) -> Callable:
+    def metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
+        n_valid = len(samples.valid_indices())
+        longest = max(DIVERSITY_NS)
+        if all(len(text.split()) < longest for text in samples.texts):
+            return {name: None, "n_valid": n_valid, "warning": f"no sample has {longest} or more words"}
+        orders = {f"{name}_{n}": per_n(samples.texts, n) for n in DIVERSITY_NS}
+        return {name: float(np.prod(list(orders.values()))), **orders, "n_valid": n_valid}
+
+    return metric
 
 
 def _mauve_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
-    """MAUVE of the generations (Q) against as many held-out references (P), length-matched.
+    """MAUVE of the valid generations (Q) against as many valid held-out references (P), length-matched.
 
-    Empty texts are dropped on both sides. P is the first n references, n = the number of
-    generations (or fewer, if there are fewer references); reference i is truncated to the
-    evaluator token length of generation i, so both sides have the same length profile,
-    as in ReMDM, which compares against equal-length validation chunks.
+    Q is the generations Gen.PPL reads, featurised by the same evaluator pass. P is the
+    first n valid references, n = the number of valid generations (or fewer, if there are
+    fewer references); reference i is truncated to the evaluator token length of generation
+    i, so both sides have the same length profile, as in ReMDM, which compares against
+    equal-length validation chunks.
     """
     evaluator = _require_evaluator(ctx, "mauve")
     _import_mauve()  # fail before the evaluator pass, not after
-    nonempty_generations = [text for text in samples.texts if text.strip()]
-    nonempty_references = [text for text in ctx.references if text.strip()]
-    n = min(len(nonempty_generations), len(nonempty_references))
+    evaluation = _evaluator_pass(samples, ctx, "mauve")
+    rows, reasons = _validity(samples, evaluation)
+    counts = _validity_counts(rows, samples)
+    flag = _flag_if_too_few(rows, reasons, ctx)
+    if flag:
+        return {"mauve": None, "n": 0, "mauve_ci_low": None, "mauve_ci_high": None, **counts, "warning": flag}
+    references = [text for text in ctx.references if invalid_reason(text) is None]
+    n = min(len(rows), len(references))
     if n < MAUVE_MIN_SAMPLES:
-        warning = _too_few_for_mauve(len(nonempty_references), len(nonempty_generations))
-        return {"mauve": None, "n": n, "warning": warning}
-    generations, references = nonempty_generations[:n], nonempty_references[:n]
-
-    options = dict(batch_size=ctx.batch_size, max_length=ctx.max_length)
-    lengths = [len(ids) for ids in evaluator.tokenizer(generations, add_special_tokens=False)["input_ids"]]
-    q_features = evaluator_features(evaluator, generations, **options)
-    p_features = evaluator_features(evaluator, references, max_tokens=lengths, **options)
-    result = mauve_score(p_features, q_features, seed=ctx.seed)
-    if n < len(samples.texts):
-        shortfall = f"MAUVE used {n} of {len(samples.texts)} samples (empty ones or too few references)"
+        return {"mauve": None, "n": n, "mauve_ci_low": None, "mauve_ci_high": None, **counts,
+                "warning": _too_few_for_mauve(len(references), len(rows))}
+    rows = rows[:n]
+    p_features = evaluator_features(evaluator, references[:n], max_tokens=evaluation.text_tokens[rows].tolist(),
+                                    max_batch_tokens=ctx.max_batch_tokens, max_length=ctx.max_length)
+    result = {**mauve_score(p_features, evaluation.features[rows], seed=ctx.seed, bootstrap=ctx.mauve_bootstrap),
+              **counts}
+    if n < counts["n_valid"]:
+        shortfall = f"MAUVE used {n} of {counts['n_valid']} valid samples: only {len(references)} valid references"
         result["warning"] = "; ".join(filter(None, [shortfall, result.get("warning")]))
     return result
 
@@ -291,15 +401,23 @@ def register_metrics(register):
     )
     register(
         "diversity",
-        _diversity_metric,
+        _diversity_metric("diversity", diversity_ngrams),
         description="product over n=2,3,4 of distinct/total n-grams per text, whitespace tokens (SimCTG)",
         higher_is_better=True,
         display_name="Diversity",
     )
     register(
+        "diversity_pooled",
+        _diversity_metric("diversity_pooled", diversity_pooled_ngrams),
+        description="product over n=2,3,4 of distinct/total n-grams pooled over all samples, whitespace tokens (LD4LG)",
+        higher_is_better=True,
+        display_name="Diversity (pooled)",
+    )
+    register(
         "mauve",
         _mauve_metric,
-        description="MAUVE of generations vs held-out references on evaluator features (needs dihal-bench[mauve])",
+        description="MAUVE of valid generations vs held-out references on evaluator features, "
+        "with a bootstrap 95% interval (needs dihal-bench[mauve])",
         higher_is_better=True,
         display_name="MAUVE",
     )

@@ -15,8 +15,8 @@ from dihal_bench.baseline import CONFIG_FILE, Baseline, read_config
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import intact_control
-from dihal_bench.sampling import check_sampling
 from dihal_bench.records import write_json_atomic
+from dihal_bench.sampling import check_sampling
 from dihal_bench.training import TrainResult
 
 from .common import parse_options
@@ -32,8 +32,8 @@ class ARBackbone(Baseline):
     """The frozen backbone generating left to right, one token per forward step with its
     key/value cache, from the start token: the tokenizer's BOS, or its EOS where there is no
     BOS (SmolLM2 defines ``<|im_start|>`` as BOS but never adds it to text; the start token is
-    not part of the T returned tokens). Decoding is the hybrid's own loop (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL
-    are sampled identically.
+    not part of the T returned tokens). Decoding is the hybrid's own loop
+    (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL are sampled identically.
 
     ``in_budget = False``: nothing is trained, so fit() takes no step, save() writes only the
     configuration and load() reads only that.
@@ -43,6 +43,7 @@ class ARBackbone(Baseline):
     paper = "the intact backbone (reference control, docs/method.md#baselines)"
     in_budget = False
     intact_backbone = True
+    token_sampling_options = ("temperature", "top_p")
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
@@ -76,10 +77,7 @@ class ARBackbone(Baseline):
         write_json_atomic(Path(directory) / CONFIG_FILE, self.config())
 
     def load(self, directory: Path) -> None:
-        saved = read_config(Path(directory))
-        if saved.get("name") != self.name or saved.get("options") != self.options:
-            raise DihalError(f"{directory} holds {saved.get('name')!r} with options {saved.get('options')}, "
-                             f"not {self.name!r} with {self.options}")
+        self.check_saved(read_config(Path(directory)), directory)
 
 
 @hookimpl

@@ -16,10 +16,12 @@ from dihal_bench.errors import DihalError
 from dihal_bench.sampling import check_sampling
 
 from .common import (
+    CompactVocabulary,
     Denoiser,
     DiffusionBaseline,
     DiffusionOptions,
     TokenDecoder,
+    check_embed_dim,
     embedding_table,
     pca_embeddings,
     seeded_init,
@@ -52,6 +54,8 @@ class CoDAR(DiffusionBaseline):
     over the whole denoised sequence; its temperature trades fluency for diversity.
 
     Our choices where the paper is not available:
+    - vocabulary: the compact one, the tokens of the training sequences (``common.CompactVocabulary``),
+      for the diffusion space and for the decoder's table alike; specials are never emitted.
     - space: SED's, the backbone's frozen input table projected to d = 32 by a fixed PCA, each
       row rescaled to norm √d (``common.pca_embeddings``); CoDAR reports that larger d hurts, and a
       shared space makes SED vs CoDAR a comparison of per-token against contextual rounding.
@@ -66,44 +70,48 @@ class CoDAR(DiffusionBaseline):
       noise levels they run from nearly exact (it learns to copy) to a blur of the mean (it
       learns to fall back on its own left context), which is what rounding in context needs.
       Stop-gradient keeps the denoiser's objective the plain diffusion loss.
-    - sampling: 50 equal steps of t with ancestral x̂₀-parameterised steps (η = 1; 0 gives
-      DDIM), then decoding of the final x̂₀ at ``temperature`` (default 1) and ``top_p``.
+    - sampling: ``steps`` (default 50) equal steps of t with ancestral x̂₀-parameterised steps
+      (η = 1; 0 gives DDIM), then decoding of the final x̂₀ by the suite's one next-token sampler
+      at ``temperature`` (default 1) and ``top_p``.
     """
 
     name = "codar"
     paper = "Shen, Zhao, He, Lin 2026, CoDAR: continuous diffusion with an autoregressive decoder, arXiv 2603.02547"
     options_class = CoDAROptions
     settings: CoDAROptions
+    token_sampling_options = ("temperature", "top_p")
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
         opts = self.settings
         self.check_ranges(("steps", "negatives"))
-        # frozen, not a component: the diffusion space; the PCA also checks embed_dim
-        self.embeddings = pca_embeddings(backbone, opts.embed_dim, self.name).to(backbone.device)
+        check_embed_dim(backbone, opts.embed_dim, self.name)
         check_sampling(opts.temperature, opts.top_p)
-        self.table = embedding_table(backbone)  # frozen, not a component: the table the decoder reads and scores
+        # the decoder's table is frozen, so the width does not depend on the vocabulary: sized now
+        self.d_model = opts.d_model or width_for_allowance(self.name, budget, self.modules_of_width, opts.heads)
 
-        def build(d_model: int) -> nn.ModuleDict:
-            if d_model % opts.heads:
-                raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
-            return nn.ModuleDict({
-                "denoiser": Denoiser(opts.embed_dim, opts.embed_dim, d_model, opts.denoiser_layers, opts.heads,
-                                     self.max_len, opts.dropout),
-                "decoder": TokenDecoder(backbone.width, opts.embed_dim, self.max_len, d_model, opts.decoder_layers,
-                                        opts.heads, self.max_len, opts.dropout),
-            })
+    def modules_of_width(self, d_model: int) -> nn.ModuleDict:
+        opts = self.settings
+        if d_model % opts.heads:
+            raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
+        return nn.ModuleDict({
+            "denoiser": Denoiser(opts.embed_dim, opts.embed_dim, d_model, opts.denoiser_layers, opts.heads,
+                                 self.max_len, opts.dropout),
+            "decoder": TokenDecoder(self.backbone.width, opts.embed_dim, self.max_len, d_model, opts.decoder_layers,
+                                    opts.heads, self.max_len, opts.dropout),
+        })
 
-        d_model = opts.d_model or width_for_allowance(self.name, budget, build, opts.heads)
-        with seeded_init(seed):
-            self.parts = build(d_model).to(backbone.device)
-
-    def components(self) -> dict[str, nn.Module]:
-        return dict(self.parts)
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
+        backbone = self.backbone
+        # frozen, not components: the diffusion space, and the table the decoder reads and scores
+        self.embeddings = pca_embeddings(backbone, self.settings.embed_dim, self.name, vocabulary.full_ids).to(
+            backbone.device)
+        self.table = embedding_table(backbone, vocabulary.full_ids)
+        with seeded_init(self.seed):
+            return dict(self.modules_of_width(self.d_model).to(backbone.device))
 
     def sampling_options(self) -> dict:
-        opts = self.settings
-        return {"steps": opts.steps, "eta": opts.eta, "temperature": opts.temperature, "top_p": opts.top_p}
+        return {**super().sampling_options(), "temperature": self.settings.temperature, "top_p": self.settings.top_p}
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
@@ -120,7 +128,8 @@ class CoDAR(DiffusionBaseline):
         opts = self.settings
         x0_hat = reverse_chain(lambda x_t, t, _previous: self.parts["denoiser"](x_t, t), (n, seq_len, opts.embed_dim),
                                self.steps, cosine_alpha_bar, opts.eta, generator, bar)
-        return self.parts["decoder"].generate(x0_hat, self.table, seq_len, opts.temperature, opts.top_p, generator)
+        return self.parts["decoder"].generate(x0_hat, self.table, seq_len, opts.temperature, opts.top_p, generator,
+                                              banned=self.banned)
 
 
 @hookimpl

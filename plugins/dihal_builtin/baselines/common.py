@@ -1,8 +1,10 @@
 """What several baselines share, kept apart so that no baseline imports another's module.
 
 - options: ``parse_options`` (every baseline) and ``seeded_init``;
-- ``DiffusionBaseline`` and its ``DiffusionOptions``: the trained-or-loaded guard, the seeded,
-  batched sampling loop and the option checks of every diffusion baseline;
+- the ``CompactVocabulary``, the token ids a baseline's tables cover: those of its training sequences;
+- ``DiffusionBaseline`` and its ``DiffusionOptions``: the modules built over the compact vocabulary
+  once it is known, the trained-or-loaded guard, the seeded, batched sampling loop and the option
+  checks of every diffusion baseline;
 - the time-conditioned bidirectional ``Denoiser`` (Diffusion-LM's recipe, also SED's, LD4LG's and
   CoDAR's) and the two rules that size a width to the parameter allowance;
 - reading tokens out of vectors: the rounding cross-entropy and argmax scoring against a table
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
@@ -30,10 +33,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import Baseline
+from dihal_bench.baseline import CONFIG_FILE, Baseline
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import sample_next_token
+from dihal_bench.sampling import sample_next_token, special_ids
 from dihal_bench.training import TrainResult
 
 from ..layers import Block, timestep_embedding
@@ -75,6 +78,102 @@ def seeded_init(seed: int) -> Iterator[None]:
         yield
 
 
+# -- the compact vocabulary ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompactVocabulary:
+    """The backbone token ids a baseline's vocabulary-sized tables cover: those present in its
+    training sequences, sorted (docs/method.md#compact-vocabulary). Compact id k stands for
+    backbone id ``ids[k]``; ``full_size`` is the backbone's vocabulary size.
+
+    Why: a table row of a token absent from the training data is never trained, yet the
+    rounding argmax and the decoders' softmax would still pick it (SmolLM2 has 49,152 ids, a
+    corpus's training split may use ~6k). No special token is added: packed windows hold none
+    (``dihal_bench.corpus.tokenize_documents``) and no sample is meant to contain one, so a
+    special id is in the vocabulary only where the training text itself holds it, and the
+    baselines never emit it (``DiffusionBaseline.banned``).
+    """
+
+    ids: tuple[int, ...]
+    full_size: int
+
+    def __post_init__(self) -> None:
+        ids = self.ids
+        increasing = all(a < b for a, b in itertools.pairwise(ids))
+        if not ids or not 0 <= ids[0] or not ids[-1] < self.full_size or not increasing:
+            raise DihalError(f"a compact vocabulary needs at least one id, strictly increasing, within "
+                             f"0..{self.full_size - 1}; got {len(ids)} ids")
+
+    @classmethod
+    def from_sequences(cls, sequences: Tensor, full_size: int) -> CompactVocabulary:
+        """The ids present in ``sequences`` (any shape) of a vocabulary of ``full_size`` tokens."""
+        if sequences.numel() == 0:
+            raise DihalError("no training tokens to build a vocabulary from")
+        present = torch.unique(sequences.long())  # sorted
+        if present[0] < 0 or present[-1] >= full_size:
+            bad = int(present[0] if present[0] < 0 else present[-1])
+            raise DihalError(f"training sequences hold token id {bad}, outside the backbone's vocabulary "
+                             f"0..{full_size - 1}")
+        return cls(tuple(present.tolist()), full_size)
+
+    @classmethod
+    def from_dict(cls, value: object, source: str) -> CompactVocabulary:
+        """The vocabulary :meth:`to_dict` wrote; a DihalError naming ``source`` when it is not one."""
+        ids = value.get("ids") if isinstance(value, dict) else None
+        full_size = value.get("full_size") if isinstance(value, dict) else None
+        if (not isinstance(ids, list) or not isinstance(full_size, int)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            raise DihalError(f"{source} holds no compact vocabulary (an object with full_size and ids); "
+                             f"it was saved by an older version: train it again")
+        try:
+            return cls(tuple(ids), full_size)
+        except DihalError as exc:
+            raise DihalError(f"{source}: {exc}") from None
+
+    def to_dict(self) -> dict:
+        return {"full_size": self.full_size, "ids": list(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @functools.cached_property
+    def full_ids(self) -> Tensor:
+        """The backbone id of each compact id, (len,) long on the CPU."""
+        return torch.tensor(self.ids, dtype=torch.long)
+
+    @functools.cached_property
+    def _compact_of(self) -> Tensor:
+        """The compact id of each backbone id, −1 where absent: (full_size,) long on the CPU."""
+        compact = torch.full((self.full_size,), -1, dtype=torch.long)
+        compact[self.full_ids] = torch.arange(len(self.ids))
+        return compact
+
+    def to_compact(self, ids: Tensor) -> Tensor:
+        """Compact ids of backbone ids (any shape, same device); a DihalError for an id not covered."""
+        ids = ids.long()
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.full_size):
+            raise DihalError(f"token ids must lie in 0..{self.full_size - 1}, got {int(ids.min())}..{int(ids.max())}")
+        compact = self._compact_of.to(ids.device)[ids]
+        if (compact < 0).any():
+            raise DihalError(f"token id {int(ids[compact < 0][0])} is not in the compact vocabulary (the "
+                             f"{len(self):,} ids of the training sequences)")
+        return compact
+
+    def to_full(self, compact: Tensor) -> Tensor:
+        """Backbone ids of compact ids (any shape, same device)."""
+        compact = compact.long()
+        if compact.numel() and (compact.min() < 0 or compact.max() >= len(self)):
+            raise DihalError(f"compact ids must lie in 0..{len(self) - 1}, "
+                             f"got {int(compact.min())}..{int(compact.max())}")
+        return self.full_ids.to(compact.device)[compact]
+
+    def positions(self, ids: list[int]) -> list[int]:
+        """The compact ids of those of the backbone ``ids`` that the vocabulary covers, sorted."""
+        compact = self._compact_of[[i for i in set(ids) if 0 <= i < self.full_size]]
+        return sorted(c for c in compact.tolist() if c >= 0)
+
+
 # -- the diffusion baselines' contract -------------------------------------------------------
 
 
@@ -91,16 +190,28 @@ class DiffusionOptions:
 class DiffusionBaseline(Baseline):
     """A baseline that generates through a reverse diffusion chain of ``steps`` denoiser calls.
 
-    Subclasses name their options dataclass, a DiffusionOptions, in ``options_class``, build
-    their modules in ``__init__`` and implement ``sample_batch``; this class parses the options
-    into ``settings``, supplies the training data (the token ids; a subclass that reads backbone
-    features overrides it), the trained-or-loaded guard and the batched, seeded sampling loop.
+    Its tables cover a :class:`CompactVocabulary`, known only from the training sequences, so
+    its modules are built once that is known (:meth:`build`): by :meth:`fit` from the sequences
+    it is given, by :meth:`load` from the vocabulary saved in the checkpoint's config, or by a
+    caller that builds it explicitly. Until then it has no components.
+
+    Subclasses name their options dataclass, a DiffusionOptions, in ``options_class``, check their
+    options in ``__init__``, build their trained modules in ``build_modules`` and implement
+    ``sample_batch`` over compact ids; this class parses the options into ``settings``, supplies
+    the training data (the compact token ids; a subclass that reads backbone features overrides
+    it), the trained-or-loaded guard and the batched, seeded sampling loop, whose samples it
+    maps back to backbone ids.
     """
 
     options_class: type[DiffusionOptions]
     settings: DiffusionOptions
     trained: bool = False
     steps_option = "steps"
+    vocabulary: CompactVocabulary | None = None
+    #: the trained modules by role, once built
+    parts: nn.ModuleDict
+    #: compact ids of the tokenizer's special tokens: never emitted
+    banned: list[int]
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
@@ -119,10 +230,57 @@ class DiffusionBaseline(Baseline):
                 rule += f" and {_listed(probabilities)} a probability"
             raise DihalError(f"{self.name}: {rule}")
 
+    # -- the modules over the vocabulary ----------------------------------------------------
+    def build(self, vocabulary: CompactVocabulary) -> None:
+        """Size the trained modules to the allowance over ``vocabulary`` and initialise them from
+        the seed, untrained."""
+        if vocabulary.full_size != self.backbone.vocab_size:
+            raise DihalError(f"{self.name}: a vocabulary of a {vocabulary.full_size:,}-token backbone, not of "
+                             f"{self.backbone.name}'s {self.backbone.vocab_size:,} tokens")
+        banned = vocabulary.positions(special_ids(self.backbone.tokenizer))
+        if len(banned) == len(vocabulary):
+            raise DihalError(f"{self.name}: the training sequences hold only special tokens; there is no text to learn")
+        parts = nn.ModuleDict(self.build_modules(vocabulary))
+        self.vocabulary, self.banned, self.parts, self.trained = vocabulary, banned, parts, False
+
+    @abstractmethod
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
+        """The trained modules by role (see ``components``) over ``vocabulary``, on the backbone's
+        device, sized to the allowance and initialised under ``seeded_init(self.seed)``; fixed
+        tables they read are set as attributes."""
+
+    def built(self) -> CompactVocabulary:
+        """The vocabulary; a DihalError before the modules are built."""
+        if self.vocabulary is None:
+            raise DihalError(f"{self.name}: not built yet; its tables cover the tokens of its training "
+                             f"sequences, so fit it or load a checkpoint first")
+        return self.vocabulary
+
+    def components(self) -> dict[str, nn.Module]:
+        self.built()
+        return dict(self.parts)
+
+    def sampling_options(self) -> dict:
+        """Steps, eta and the vocabulary size; subclasses add their own."""
+        return {"steps": self.steps, "eta": self.settings.eta, "vocabulary_size": len(self.built())}
+
+    def config(self) -> dict:
+        return {**super().config(), "vocabulary": self.built().to_dict()}
+
+    def restore(self, saved: dict, directory: Path) -> None:
+        self.build(CompactVocabulary.from_dict(saved.get("vocabulary"), str(Path(directory) / CONFIG_FILE)))
+
+    # -- training and sampling ---------------------------------------------------------------
+    def build_for(self, sequences: Tensor) -> None:
+        """Build the modules over the vocabulary of ``sequences``, unless they are built."""
+        if self.vocabulary is None:
+            self.build(CompactVocabulary.from_sequences(sequences, self.backbone.vocab_size))
+
     def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
-        return {"ids": sequences.long()}
+        return {"ids": self.built().to_compact(sequences)}
 
     def fit(self, sequences: Tensor, checkpoint_dir: Path | None = None, progress: bool = True) -> TrainResult:
+        self.build_for(sequences)
         result = super().fit(sequences, checkpoint_dir, progress)
         self.trained = True
         return result
@@ -133,6 +291,7 @@ class DiffusionBaseline(Baseline):
 
     @torch.no_grad()
     def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
+        """Token ids (n, seq_len) of the backbone, from ``sample_batch``'s compact ids."""
         if not self.trained:
             raise DihalError(f"{self.name}: not trained; train it (fit) or load a checkpoint before sampling")
         if seq_len > self.max_len:
@@ -143,12 +302,12 @@ class DiffusionBaseline(Baseline):
         with tqdm(total=batches * self.steps, desc=self.name, disable=not progress, leave=False) as bar:
             samples = [self.sample_batch(min(batch_size, n - start), seq_len, generator, bar)
                        for start in range(0, n, batch_size)]
-        return torch.cat(samples).cpu()
+        return self.built().to_full(torch.cat(samples)).cpu()
 
     @abstractmethod
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        """Token ids (n, seq_len) from one reverse chain of ``self.steps`` denoiser calls,
-        each followed by ``bar.update(1)``."""
+        """Compact token ids (n, seq_len), none of them ``banned``, from one reverse chain of
+        ``self.steps`` denoiser calls, each followed by ``bar.update(1)``."""
 
 
 # -- the denoiser and its width --------------------------------------------------------------
@@ -264,11 +423,18 @@ def rounding_cross_entropy(x: Tensor, ids: Tensor, weight: Tensor, positions: in
     return F.cross_entropy(F.linear(x, weight), ids)
 
 
-def best_scoring_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """argmax_v (x · W_v + b_v) for vectors x (..., d) and a (V, d) table W: token ids (...)."""
+def best_scoring_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, banned: list[int] | None = None) -> Tensor:
+    """argmax_v (x · W_v + b_v) over the rows v not in ``banned``, for vectors x (..., d) and a
+    (V, d) table W: row ids (...)."""
     flat = x.reshape(-1, x.shape[-1])
-    best = [F.linear(rows, weight, bias).argmax(-1) for rows in flat.split(SCORE_ROWS)]
-    return torch.cat(best).reshape(x.shape[:-1])
+
+    def best(rows: Tensor) -> Tensor:
+        scores = F.linear(rows, weight, bias)
+        if banned:
+            scores[:, banned] = float("-inf")
+        return scores.argmax(-1)
+
+    return torch.cat([best(rows) for rows in flat.split(SCORE_ROWS)]).reshape(x.shape[:-1])
 
 
 def sampled_cross_entropy(hidden: Tensor, targets: Tensor, embed: Callable[[Tensor], Tensor], vocab_size: int,
@@ -346,56 +512,64 @@ class TokenDecoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, memory: Tensor, table: Tensor, length: int, temperature: float, top_p: float,
-                 generator: torch.Generator) -> Tensor:
-        """Token ids (n, length), one position at a time over the full vocabulary; temperature 0 is
-        greedy. The whole prefix is re-run at each step (T ≤ max_len is short; no cache needed)."""
+                 generator: torch.Generator, banned: list[int] | None = None) -> Tensor:
+        """Row ids of ``table`` (n, length), one position at a time, each drawn by the suite's one
+        sampler (``dihal_bench.sampling.sample_next_token``) at ``temperature`` (0: greedy) and
+        ``top_p``, never one in ``banned``. The whole prefix is re-run at each step (T ≤ max_len
+        is short; no cache needed)."""
         output_embeddings = self.out_proj(table)
         ids = torch.empty(memory.shape[0], 0, dtype=torch.long, device=memory.device)
         for _ in range(length):
             logits = self(table[ids], memory)[:, -1] @ output_embeddings.T
-            ids = torch.cat([ids, sample_next_token(logits, temperature, top_p, generator)[:, None]], dim=1)
+            token = sample_next_token(logits, temperature, top_p, generator, banned=banned)
+            ids = torch.cat([ids, token[:, None]], dim=1)
         return ids
 
 
 # -- fixed tables from the backbone ----------------------------------------------------------
 
 
-def embedding_table(backbone: Backbone) -> Tensor:
-    """The backbone's embedding output for every token, (V, width) float32: row w is what the
-    backbone itself feeds its first layer for token w."""
-    vocabulary = torch.arange(backbone.vocab_size, device=backbone.device)
-    return backbone.embed(vocabulary[None])[0].float()
+def embedding_table(backbone: Backbone, ids: Tensor) -> Tensor:
+    """The backbone's embedding output for the tokens ``ids`` (V,), (V, width) float32: row k is
+    what the backbone itself feeds its first layer for token ids[k]."""
+    return backbone.embed(ids.to(backbone.device)[None])[0].float()
 
 
-def pca_embeddings(backbone: Backbone, dim: int, method: str) -> Tensor:
-    """The backbone's input embedding table E (V × width) projected on its ``dim`` leading
-    principal axes, each projected row rescaled to norm √dim: a (V, dim) float32 table.
+def check_embed_dim(backbone: Backbone, dim: int, method: str) -> None:
+    """The ``method``'s DihalError unless 1 ≤ ``dim`` ≤ the backbone's width (a PCA's range)."""
+    if not 1 <= dim <= backbone.width:
+        raise DihalError(f"{method}: embed_dim must be in 1..{backbone.width} (the backbone's width), got {dim}")
 
-    PCA in float64 over all V rows: the axes are the top eigenvectors of the covariance
+
+def pca_embeddings(backbone: Backbone, dim: int, method: str, ids: Tensor) -> Tensor:
+    """The rows of the tokens ``ids`` (V,) of the backbone's input embedding table E, projected
+    on their ``dim`` leading principal axes, each projected row rescaled to norm √dim: a (V, dim)
+    float32 table.
+
+    PCA in float64 over those V rows: the axes are the top eigenvectors of the covariance
     (1/V)·Σ_v (e_v − ē)(e_v − ē)ᵀ, each signed so that its largest-magnitude loading is
     positive (the eigensolver's sign is arbitrary). The table is read in chunks, so a
     128k × 4096 vocabulary never sits in memory in float64. A ``dim`` outside 1..width is the
     ``method``'s DihalError.
     """
-    if not 1 <= dim <= backbone.width:
-        raise DihalError(f"{method}: embed_dim must be in 1..{backbone.width} (the backbone's width), got {dim}")
-    chunks = torch.arange(backbone.vocab_size, device=backbone.device).split(PCA_ROWS)
+    check_embed_dim(backbone, dim, method)
+    chunks = ids.to(backbone.device).split(PCA_ROWS)
 
-    def rows(ids: Tensor) -> Tensor:
-        return backbone.embed(ids[None])[0].to("cpu", torch.float64)
+    def rows(chunk: Tensor) -> Tensor:
+        return backbone.embed(chunk[None])[0].to("cpu", torch.float64)
 
     total = torch.zeros(backbone.width, dtype=torch.float64)
     gram = torch.zeros(backbone.width, backbone.width, dtype=torch.float64)
-    for ids in chunks:
-        block = rows(ids)
+    for chunk in chunks:
+        block = rows(chunk)
         total += block.sum(0)
         gram += block.T @ block
-    mean = total / backbone.vocab_size
-    covariance = gram / backbone.vocab_size - torch.outer(mean, mean)
+    mean = total / len(ids)
+    covariance = gram / len(ids) - torch.outer(mean, mean)
     _, eigenvectors = torch.linalg.eigh(covariance)  # eigenvalues ascending
     axes = eigenvectors[:, -dim:].flip(-1)
     axes = axes * axes.gather(0, axes.abs().argmax(0, keepdim=True)).sign()
 
-    projected = torch.cat([(rows(ids) - mean) @ axes for ids in chunks])
+    projected = torch.cat([(rows(chunk) - mean) @ axes for chunk in chunks])
     norms = projected.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
     return (projected * math.sqrt(dim) / norms).float()

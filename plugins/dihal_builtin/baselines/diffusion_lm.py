@@ -15,6 +15,7 @@ from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 
 from .common import (
+    CompactVocabulary,
     Denoiser,
     DiffusionBaseline,
     DiffusionOptions,
@@ -55,15 +56,17 @@ class DiffusionLM(DiffusionBaseline):
     (x̂₀ replaced by its nearest embedding at every step) and argmax rounding of the final
     x̂₀. All T positions are generated in parallel, unconditionally.
 
-    Adapted: d = 32 by default, inside the paper's range of 16–128, because the table costs
-    d·V parameters, which at V = 49,152 (SmolLM2) and d = 32 is already 1.57M of the 2.29M
-    allowance; the denoiser is ~0.65M parameters (3 layers, d_model sized to the allowance)
-    instead of BERT-base's 80M; dropout 0 instead of 0.1 for the few-hundred-step budget.
+    Adapted: the table covers the compact vocabulary, the V tokens of the training sequences
+    (``common.CompactVocabulary``), not all of the backbone's; d = 32 by default, inside the
+    paper's range of 16–128 (the table costs d·V parameters: 0.20M at V = 6,252, a SmolLM2
+    training split's count, of the 2.29M allowance); the denoiser gets the rest (3 layers,
+    d_model sized to the allowance) instead of BERT-base's 80M; dropout 0 instead of 0.1 for the
+    few-hundred-step budget.
     Time is continuous: t ~ U(0, 1) per sequence, except that with probability
     ``anchor_share`` (1/16) a sequence draws t = 0 and is scored by the anchor term instead.
     That is the original's estimator, which meets the anchor when it draws the first of its
     T steps, with the probability raised from 1/T (T = 2,000) so that a short run sees it.
-    Sampling walks 50 equal steps of t (the paper: 200 of 2,000) with ancestral
+    Sampling walks ``steps`` (default 50) equal steps of t (the paper: 200 of 2,000) with ancestral
     x̂₀-parameterised steps (η = 1, the DDPM posterior at each sub-sampled step); η = 0 gives
     DDIM. The rounding cross-entropy is estimated on ``rounding_tokens`` positions per step
     (64 of a default step's 1,024; see ``rounding_cross_entropy``). The prior term
@@ -77,9 +80,11 @@ class DiffusionLM(DiffusionBaseline):
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        opts = self.settings
         self.check_ranges(("steps", "rounding_tokens"), probabilities=("anchor_share",))
         self.sigma_0 = math.sqrt(1.0 - float(sqrt_alpha_bar(torch.tensor(0.0))))
+
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
+        opts = self.settings
 
         def build(d_model: int) -> Denoiser:
             if d_model % opts.heads:
@@ -87,23 +92,20 @@ class DiffusionLM(DiffusionBaseline):
             return Denoiser(opts.embed_dim, opts.embed_dim, d_model, opts.layers, opts.heads, self.max_len,
                             opts.dropout)
 
-        vocab = backbone.vocab_size
-        table = f"the {vocab:,}×{opts.embed_dim} embedding table"
-        d_model = opts.d_model or denoiser_width(self.name, budget, vocab * opts.embed_dim, table, build, opts.heads)
-        with seeded_init(seed):
+        table = f"the {len(vocabulary):,}×{opts.embed_dim} embedding table"
+        d_model = opts.d_model or denoiser_width(self.name, self.budget, len(vocabulary) * opts.embed_dim, table,
+                                                 build, opts.heads)
+        with seeded_init(self.seed):
             # N(0, 1) rows, as in the paper's code
-            self.embedding = nn.Embedding(vocab, opts.embed_dim).to(backbone.device)
-            self.denoiser = build(d_model).to(backbone.device)
-
-    def components(self) -> dict[str, nn.Module]:
-        return {"denoiser": self.denoiser, "embeddings": self.embedding}
+            embeddings = nn.Embedding(len(vocabulary), opts.embed_dim).to(self.backbone.device)
+            return {"denoiser": build(d_model).to(self.backbone.device), "embeddings": embeddings}
 
     def sampling_options(self) -> dict:
-        return {"steps": self.steps, "eta": self.settings.eta, "clamp": self.settings.clamp}
+        return {**super().sampling_options(), "clamp": self.settings.clamp}
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
-        emb = self.embedding(ids)
+        emb = self.parts["embeddings"](ids)
 
         def gaussian() -> Tensor:
             return torch.randn(emb.shape, generator=generator, device=emb.device, dtype=emb.dtype)
@@ -114,21 +116,24 @@ class DiffusionLM(DiffusionBaseline):
         t = torch.rand(ids.shape[0], generator=generator, device=emb.device).masked_fill(anchored, 0.0)
         x_t = noised(x0, sqrt_alpha_bar(t)[:, None, None], gaussian())
         target = torch.where(anchored[:, None, None], emb, x0)
-        squared_error = (self.denoiser(x_t, t) - target).pow(2).mean()
-        rounding = rounding_cross_entropy(x0, ids, self.embedding.weight, self.settings.rounding_tokens, generator)
+        squared_error = (self.parts["denoiser"](x_t, t) - target).pow(2).mean()
+        rounding = rounding_cross_entropy(x0, ids, self.parts["embeddings"].weight, self.settings.rounding_tokens,
+                                          generator)
         return squared_error + rounding
 
     def nearest_embedding(self, x: Tensor) -> Tensor:
         """The clamping trick: each vector replaced by its L2-nearest row of Emb
         (argmin ‖x − e‖² = argmax x·e − ½‖e‖²)."""
-        table = self.embedding.weight
+        table = self.parts["embeddings"].weight
         return table[best_scoring_rows(x, table, -0.5 * table.pow(2).sum(-1))]
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        x0_hat = reverse_chain(lambda x_t, t, _previous: self.denoiser(x_t, t), (n, seq_len, self.settings.embed_dim),
+        denoiser = self.parts["denoiser"]
+        x0_hat = reverse_chain(lambda x_t, t, _previous: denoiser(x_t, t), (n, seq_len, self.settings.embed_dim),
                                self.steps, sqrt_alpha_bar, self.settings.eta, generator, bar,
                                clamp=self.nearest_embedding if self.settings.clamp else None)
-        return best_scoring_rows(x0_hat, self.embedding.weight)  # argmax_w p(w | x̂₀)
+        # argmax_w p(w | x̂₀) over the tokens it may emit
+        return best_scoring_rows(x0_hat, self.parts["embeddings"].weight, banned=self.banned)
 
 
 @hookimpl

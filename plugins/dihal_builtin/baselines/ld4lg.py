@@ -16,10 +16,12 @@ from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
+from dihal_bench.sampling import check_sampling
 from dihal_bench.training import TrainResult, batch_indices, train
 
 from ..layers import Block
 from .common import (
+    CompactVocabulary,
     Denoiser,
     DiffusionBaseline,
     DiffusionOptions,
@@ -86,6 +88,8 @@ class LD4LGOptions(DiffusionOptions):
     autoencoder_fraction: float = 0.5  # share of the budget's steps spent on the autoencoder
     self_condition: float = 0.5  # probability of the self-conditioned pass in training; 0 turns it off
     negatives: int = 1024  # uniform tokens per step in the decoder's sampled softmax
+    temperature: float = 1.0  # the decoder's; 0 is greedy
+    top_p: float = 1.0  # the decoder's nucleus
 
 
 class LD4LG(DiffusionBaseline):
@@ -108,7 +112,10 @@ class LD4LG(DiffusionBaseline):
     - the decoder is trained from scratch (the paper feeds a frozen BART decoder) and is tied to
       the backbone's frozen embedding table through two trainable projections (see
       ``common.TokenDecoder``), scored with a sampled softmax in training (see
-      ``common.sampled_cross_entropy``); it decodes greedily (the paper: beam search, 4 beams).
+      ``common.sampled_cross_entropy``), over the compact vocabulary, the tokens of the training
+      sequences (``common.CompactVocabulary``); it decodes with the suite's one next-token
+      sampler at ``temperature`` and ``top_p`` (default 1 and 1, the paper: beam search, 4
+      beams), never emitting a special token.
     - 16 latents, 1 compressor layer, 2 decoder and 3 denoiser layers, one width for all three
       sized to the allowance (the paper: 32 latents, 3 + 3 layers, a 12-layer width-768 denoiser
       with GeGLU, AdaLN and dense skips); time enters by addition, as in the other baselines.
@@ -117,13 +124,15 @@ class LD4LG(DiffusionBaseline):
       of the budget's order, the rest trains the denoiser on the frozen compressor's latents of
       the remaining sequences; each run has its own warm-up and cosine decay and its own
       checkpoint subdirectory.
-    - sampling walks 50 equal steps of t (the paper: 250 DDPM steps); η = 0 gives DDIM.
+    - sampling walks ``steps`` (default 50) equal steps of t (the paper: 250 DDPM steps); η = 0
+      gives DDIM.
     """
 
     name = "ld4lg"
     paper = "Lovelace et al. 2023, Latent Diffusion for Language Generation, arXiv 2212.09462"
     options_class = LD4LGOptions
     settings: LD4LGOptions
+    token_sampling_options = ("temperature", "top_p")
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
@@ -133,31 +142,32 @@ class LD4LG(DiffusionBaseline):
             raise DihalError(f"{self.name}: autoencoder_fraction must be in (0, 1) and self_condition in [0, 1]")
         if opts.feature_layer is not None:
             backbone.check_layer(opts.feature_layer, allow_last=True)
+        check_sampling(opts.temperature, opts.top_p)
+        # the decoder's table is frozen, so the width does not depend on the vocabulary: sized now
+        self.d_model = opts.d_model or width_for_allowance(self.name, budget, self.modules_of_width, opts.heads)
 
-        def build(d_model: int) -> nn.ModuleDict:
-            if d_model % opts.heads:
-                raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
-            width, common = backbone.width, dict(d_model=d_model, heads=opts.heads, dropout=opts.dropout)
-            return nn.ModuleDict({
-                "compressor": Compressor(width, opts.latents, opts.latent_dim, layers=opts.compressor_layers,
-                                         max_len=self.max_len, **common),
-                "decoder": TokenDecoder(width, opts.latent_dim, opts.latents, layers=opts.decoder_layers,
-                                        max_len=self.max_len, **common),
-                # reads concat[z_t, previous x̂₀]
-                "denoiser": Denoiser(2 * opts.latent_dim, opts.latent_dim, d_model, opts.denoiser_layers, opts.heads,
-                                     opts.latents, opts.dropout),
-            })
+    def modules_of_width(self, d_model: int) -> nn.ModuleDict:
+        opts = self.settings
+        if d_model % opts.heads:
+            raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
+        width, common = self.backbone.width, {"d_model": d_model, "heads": opts.heads, "dropout": opts.dropout}
+        return nn.ModuleDict({
+            "compressor": Compressor(width, opts.latents, opts.latent_dim, layers=opts.compressor_layers,
+                                     max_len=self.max_len, **common),
+            "decoder": TokenDecoder(width, opts.latent_dim, opts.latents, layers=opts.decoder_layers,
+                                    max_len=self.max_len, **common),
+            # reads concat[z_t, previous x̂₀]
+            "denoiser": Denoiser(2 * opts.latent_dim, opts.latent_dim, d_model, opts.denoiser_layers, opts.heads,
+                                 opts.latents, opts.dropout),
+        })
 
-        d_model = opts.d_model or width_for_allowance(self.name, budget, build, opts.heads)
-        self.table = embedding_table(backbone)  # frozen: not a component
-        with seeded_init(seed):
-            self.parts = build(d_model).to(backbone.device)
-
-    def components(self) -> dict[str, nn.Module]:
-        return dict(self.parts)
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
+        self.table = embedding_table(self.backbone, vocabulary.full_ids)  # frozen: not a component
+        with seeded_init(self.seed):
+            return dict(self.modules_of_width(self.d_model).to(self.backbone.device))
 
     def sampling_options(self) -> dict:
-        return {"steps": self.settings.steps, "eta": self.settings.eta, "decoding": "greedy"}
+        return {**super().sampling_options(), "temperature": self.settings.temperature, "top_p": self.settings.top_p}
 
     # -- training -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -167,13 +177,16 @@ class LD4LG(DiffusionBaseline):
         for ids in tqdm(sequences.split(FEATURE_BATCH), desc=f"{self.name} features", disable=not progress,
                         leave=False):
             ids = ids.to(self.backbone.device)
-            states = self.backbone.final_hidden(ids) if layer is None else self.backbone.hidden_states(ids, up_to=layer)[layer]
+            if layer is None:
+                states = self.backbone.final_hidden(ids)
+            else:
+                states = self.backbone.hidden_states(ids, up_to=layer)[layer]
             chunks.append(states.float().cpu())
         return torch.cat(chunks)
 
     def training_data(self, sequences: Tensor, progress: bool = False) -> dict[str, Tensor]:
-        """The autoencoder's data: token ids and the backbone features of each sequence."""
-        return {"ids": sequences.long(), "features": self.backbone_features(sequences, progress)}
+        """The autoencoder's data: compact token ids and the backbone features of each sequence."""
+        return {**super().training_data(sequences), "features": self.backbone_features(sequences, progress)}
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         """The loss of the phase the batch comes from: the decoder's cross-entropy for a batch of
@@ -213,6 +226,7 @@ class LD4LG(DiffusionBaseline):
         batches, then the denoiser on the latents of the remaining ones. The losses are the
         decoder's cross-entropy, then the v-prediction MSE."""
         budget = self.budget
+        self.build_for(sequences)
         budget.check_allowance(self.parameter_counts(), name=self.name)
         budget.check_fits(len(sequences))
         if budget.steps < 2:
@@ -249,7 +263,7 @@ class LD4LG(DiffusionBaseline):
     # -- sampling -----------------------------------------------------------------------------
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         """Token ids (n, seq_len): the latents x̂₀ at the end of one reverse chain from N(0, I),
-        self-conditioned where training was, decoded greedily."""
+        self-conditioned where training was, decoded at ``temperature`` and ``top_p``."""
         opts = self.settings
 
         def predict_x0(z_t: Tensor, t: Tensor, previous: Tensor) -> Tensor:
@@ -257,7 +271,8 @@ class LD4LG(DiffusionBaseline):
 
         latents = reverse_chain(predict_x0, (n, opts.latents, opts.latent_dim), self.steps, cosine_alpha_bar, opts.eta,
                                 generator, bar, self_condition=opts.self_condition > 0)
-        return self.parts["decoder"].generate(latents, self.table, seq_len, 0.0, 1.0, generator)
+        return self.parts["decoder"].generate(latents, self.table, seq_len, opts.temperature, opts.top_p, generator,
+                                              banned=self.banned)
 
 
 @hookimpl

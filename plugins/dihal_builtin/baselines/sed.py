@@ -15,10 +15,12 @@ from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 
 from .common import (
+    CompactVocabulary,
     Denoiser,
     DiffusionBaseline,
     DiffusionOptions,
     best_scoring_rows,
+    check_embed_dim,
     denoiser_width,
     pca_embeddings,
     rounding_cross_entropy,
@@ -53,14 +55,16 @@ class SED(DiffusionBaseline):
     are generated in parallel, unconditionally (the paper's span masking and guidance serve
     conditional generation).
 
-    Adapted: E is the backbone's own input table, projected to d by a fixed PCA (the paper
-    took a 150M BERT's table); d = 32, the best size in the paper's Table 7 and the largest
-    whose readout fits SmolLM2's allowance (d·V = 1.57M of 2.29M at V = 49,152); the denoiser
-    is ~0.65M parameters (3 bidirectional layers, d_model sized to the allowance) instead of
-    135M; t is continuous with ᾱ(t) = cos²(πt/2), without the paper's small-noise offsets;
-    sampling takes 50 equal steps of t (the paper: 1,000) with ancestral x̂₀-parameterised
-    steps (η = 1); the readout cross-entropy is estimated on ``rounding_tokens`` positions per
-    step; dropout 0.
+    Adapted: E is the backbone's own input table restricted to the compact vocabulary, the V
+    tokens of the training sequences (``common.CompactVocabulary``), and projected to d by a
+    fixed PCA of those rows (the paper took a 150M BERT's whole table); d = 32, the best size
+    in the paper's Table 7 (the readout costs d·V: 0.20M at V = 6,252, a SmolLM2 training
+    split's count, of the 2.29M allowance); the denoiser gets the rest (3 bidirectional layers,
+    d_model sized to the allowance) instead of 135M; t is continuous with ᾱ(t) = cos²(πt/2),
+    without the paper's small-noise offsets; sampling takes ``steps`` (default 50) equal steps of
+    t (the paper: 1,000) with ancestral x̂₀-parameterised steps (η = 1); the readout
+    cross-entropy is estimated on ``rounding_tokens`` positions per step; dropout 0; special
+    tokens are never emitted.
     """
 
     name = "sed"
@@ -70,8 +74,11 @@ class SED(DiffusionBaseline):
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
-        opts = self.settings
         self.check_ranges(("steps", "rounding_tokens"), probabilities=("self_condition",))
+        check_embed_dim(backbone, self.settings.embed_dim, self.name)
+
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
+        opts, device = self.settings, self.backbone.device
 
         def build(d_model: int) -> Denoiser:
             if d_model % opts.heads:
@@ -80,27 +87,25 @@ class SED(DiffusionBaseline):
             return Denoiser(2 * opts.embed_dim, opts.embed_dim, d_model, opts.layers, opts.heads, self.max_len,
                             opts.dropout)
 
-        vocab = backbone.vocab_size
-        readout = f"the {opts.embed_dim}×{vocab:,} readout"
-        d_model = opts.d_model or denoiser_width(self.name, budget, vocab * opts.embed_dim, readout, build, opts.heads)
+        readout_size = f"the {opts.embed_dim}×{len(vocabulary):,} readout"
+        d_model = opts.d_model or denoiser_width(self.name, self.budget, len(vocabulary) * opts.embed_dim,
+                                                 readout_size, build, opts.heads)
         # fixed: not a component
-        self.embeddings = pca_embeddings(backbone, opts.embed_dim, self.name).to(backbone.device)
-        with seeded_init(seed):
-            self.denoiser = build(d_model).to(backbone.device)
-        # R as an nn.Linear: its weight (V, d) is Rᵀ, so R = Eᵀ means weight = E
-        self.readout = nn.Linear(opts.embed_dim, vocab, bias=False, device=backbone.device)
+        self.embeddings = pca_embeddings(self.backbone, opts.embed_dim, self.name, vocabulary.full_ids).to(device)
+        with seeded_init(self.seed):
+            denoiser = build(d_model).to(device)
+            # R as an nn.Linear: its weight (V, d) is Rᵀ, so R = Eᵀ means weight = E
+            readout = nn.Linear(opts.embed_dim, len(vocabulary), bias=False, device=device)
         with torch.no_grad():
-            self.readout.weight.copy_(self.embeddings)
-
-    def components(self) -> dict[str, nn.Module]:
-        return {"denoiser": self.denoiser, "readout": self.readout}
+            readout.weight.copy_(self.embeddings)
+        return {"denoiser": denoiser, "readout": readout}
 
     def sampling_options(self) -> dict:
-        return {"steps": self.steps, "eta": self.settings.eta, "self_condition": self.settings.self_condition > 0}
+        return {**super().sampling_options(), "self_condition": self.settings.self_condition > 0}
 
     def denoise(self, x_t: Tensor, t: Tensor, previous: Tensor) -> Tensor:
         """x̂₀ from x_t and the previous estimate of x₀ (zeros when there is none)."""
-        return self.denoiser(torch.cat([x_t, previous], dim=-1), t)
+        return self.parts["denoiser"](torch.cat([x_t, previous], dim=-1), t)
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
@@ -115,13 +120,15 @@ class SED(DiffusionBaseline):
                 previous = self.denoise(x_t, t, previous)
         x0_hat = self.denoise(x_t, t, previous)
         squared_error = (x0_hat - x0).pow(2).mean()
-        readout = rounding_cross_entropy(x0_hat, ids, self.readout.weight, self.settings.rounding_tokens, generator)
+        readout = rounding_cross_entropy(x0_hat, ids, self.parts["readout"].weight, self.settings.rounding_tokens,
+                                         generator)
         return squared_error + readout
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         x0_hat = reverse_chain(self.denoise, (n, seq_len, self.settings.embed_dim), self.steps, cosine_alpha_bar,
                                self.settings.eta, generator, bar, self_condition=self.settings.self_condition > 0)
-        return best_scoring_rows(x0_hat, self.readout.weight)  # argmax of R·x̂₀
+        # argmax of R·x̂₀ over the tokens it may emit
+        return best_scoring_rows(x0_hat, self.parts["readout"].weight, banned=self.banned)
 
 
 @hookimpl
