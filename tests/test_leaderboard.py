@@ -312,6 +312,27 @@ def test_lm_eval_results_become_method_columns(tmp_path):
     assert "wikitext bits_per_byte" in (out / GROUP / "methods.md").read_text()
 
 
+def test_valid_sample_counts_and_a_metrics_interval_become_method_columns(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    entries = [seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in (0, 1)]
+    for entry, (low, high, valid) in zip(entries, [(0.2, 0.4, 120), (0.3, 0.7, 100)]):
+        entry["methods"]["dihal-chosen"]["metrics"].update(
+            {"mauve": (low + high) / 2, "mauve_ci_low": low, "mauve_ci_high": high, "gen_ppl_n_valid": valid,
+             "mauve_n_valid": valid})
+    write_record(results, "two.json", entries)
+    out = tmp_path / "out"
+    build(results, out, formats=("csv", "md"))
+    methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
+    assert methods.loc["dihal-chosen", "mauve_low_mean"] == pytest.approx(0.25)
+    assert methods.loc["dihal-chosen", "mauve_high_mean"] == pytest.approx(0.55)
+    assert methods.loc["dihal-chosen", "valid_samples_mean"] == pytest.approx(110)
+    assert methods.loc["ar-backbone", "valid_samples_n"] == 0  # its metrics report no count
+    markdown = re.sub(r" +", " ", (out / GROUP / "methods.md").read_text())
+    assert "MAUVE 95% CI (mean bounds)" in markdown and "[0.25, 0.55]" in markdown
+    assert "Valid samples" in markdown
+
+
 # --- metric columns come from the records' metrics mapping --------------------------------------
 
 

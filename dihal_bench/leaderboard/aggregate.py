@@ -17,7 +17,9 @@ from dihal_bench.leaderboard.read import CORRELATION_KEYS, Group
 
 METHODS_NOTE = (
     "Latency is wall-clock per generated token at batch 1, and its ratio to the backbone's own "
-    "decode in the same run. Budget: matched = trained under the matched budget; outside = "
+    "decode in the same run. Valid samples: those Gen.PPL and MAUVE read (not empty, not one "
+    "word repeated over half the text); a method with fewer than the suite's min_valid has no "
+    "Gen.PPL or MAUVE. Budget: matched = trained under the matched budget; outside = "
     "trains nothing (the intact backbone, the skip control: layers 1..ℓ* deleted); no model = "
     "text drawn rather than generated (reference-unigram: i.i.d. tokens from the training "
     "split's unigram distribution, a floor; reference-human: held-out validation windows, a "
@@ -124,12 +126,16 @@ def method_table(group: Group) -> Table:
     frame = pd.DataFrame(group.rows["methods"])
     metrics = group.metrics
     counted = [metric for metric in metrics if f"{metric}_samples" in frame]
+    bounded = [metric for metric in metrics if f"{metric}_low" in frame and f"{metric}_high" in frame]
     lm_eval = [key for key in frame.columns if key.startswith("lm_eval/")]
     ranked = [name for name, metric in metrics.items() if metric["higher_is_better"] is not None][:RANKED_METRICS]
     columns = [
         Column("name", "Method", "text"), Column("budget", "Budget", "text"),
         *(Column(name, f"{metric['display_name']}{arrow(metric['higher_is_better'])}", main=name in ranked,
                  description=metric["description"]) for name, metric in metrics.items()),
+        *(Column(name, f"{metrics[name]['display_name']} 95% CI (mean bounds)", "interval", main=False)
+          for name in bounded),
+        *([Column("valid_samples", "Valid samples", "count")] if "valid_samples" in frame else []),
         Column("latency_ms_per_token", "ms/token, batch 1"),
         Column("latency_ratio", "× backbone, batch 1"),
         *(Column(f"{name}_samples", f"{metrics[name]['display_name']} samples", "count", main=False)
@@ -139,7 +145,8 @@ def method_table(group: Group) -> Table:
         Column("tokens_seen", "Tokens seen", "count", main=False),
         *(Column(key, " ".join(key.split("/")[1:]), main=False) for key in lm_eval),
     ]
-    stats = summarise(frame, "method", [column.key for column in columns if column.kind != "text"])
+    numeric = [column.key for column in columns if column.kind not in ("text", "interval")]
+    stats = summarise(frame, "method", [*numeric, *(f"{name}_{bound}" for name in bounded for bound in ("low", "high"))])
     per_method = frame.groupby("method", sort=False)
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
               "budget": [budget_label(rows) for _, rows in per_method]}

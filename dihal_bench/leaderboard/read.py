@@ -215,16 +215,24 @@ def method_values(method: dict, metrics: list[str]) -> dict:
     layer = method.get("layer")
     values = {"kind": method["kind"], "in_budget": method["in_budget"],
               "layer": None if layer is None else _integer(layer, "method layer")}
-    taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params"}
+    taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params", "valid_samples"}
     for metric in metrics:
-        for key in (metric, f"{metric}_samples"):
+        for key in (metric, f"{metric}_samples", f"{metric}_low", f"{metric}_high"):
             if key in taken:
                 raise ValueError(f"metric name {metric!r} is taken by a methods table column ({key!r})")
             taken.add(key)
-        values[metric] = _number(method["metrics"].get(metric))
-        count = _number(method["metrics"].get(f"{metric}_n"))
+        reported = method["metrics"]
+        values[metric] = _number(reported.get(metric))
+        count = _number(reported.get(f"{metric}_n"))
         if not math.isnan(count):  # a column only where some metric reports its count
             values[f"{metric}_samples"] = count
+        for bound in ("low", "high"):  # a metric's own interval (MAUVE's bootstrap), where it reports one
+            value = _number(reported.get(f"{metric}_ci_{bound}"))
+            if not math.isnan(value):
+                values[f"{metric}_{bound}"] = value
+        valid = _number(reported.get(f"{metric}_n_valid"))
+        if "valid_samples" not in values and not math.isnan(valid):  # metrics share one validity rule
+            values["valid_samples"] = valid
     for key, (section, name) in METHOD_CORE_VALUES.items():
         values[key] = _number((method.get(section) or {}).get(name))  # a reference method has no latency ratio
     values["trainable_params"] = float(sum(method["parameters"].values()))
