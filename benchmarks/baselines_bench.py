@@ -35,8 +35,6 @@ from dihal_bench.plugins import get_registry
 
 DIHAL = "dihal"
 BASELINES = ("diffusion-lm", "sed", "ld4lg", "codar", "ar-backbone")
-#: the baselines that sample by a reverse diffusion chain, run with the suite's diffusion_steps
-DIFFUSION_BASELINES = ("diffusion-lm", "sed", "ld4lg", "codar")
 DIHAL_LAYER = 3
 TARGET_SECONDS = 120.0
 
@@ -79,15 +77,16 @@ def measure_dihal(backbone, spec, sequences, full: Budget, samples: int, seq_len
 def measure_baseline(name: str, backbone, short: Budget, full: Budget, sequences, diffusion_steps: int,
                      samples: int, seq_len: int, repeats: int, seed: int) -> dict:
     """One baseline: build it under the short budget, fit it, sample from it."""
-    options = {"steps": diffusion_steps} if name in DIFFUSION_BASELINES else {}
-    baseline = get_registry().get("baseline", name).obj(backbone, short, seed, **options)
+    cls = get_registry().get("baseline", name).obj
+    options = {cls.steps_option: diffusion_steps} if cls.steps_option else {}  # as the runner sets it
+    baseline = cls(backbone, short, seed, **options)
     result, fit_seconds = common.timed(baseline.fit, sequences, progress=False)
     sample_seconds = common.median_seconds(
         lambda: baseline.sample(samples, seq_len, seed, batch_size=samples), repeats)
     return {
         "parameters": sum(baseline.parameter_counts().values()),
         "in_budget": baseline.in_budget,
-        "sampling_steps": options.get("steps"),
+        "sampling_steps": options.get(cls.steps_option),
         **training_figures(result.steps_done, result.tokens_seen, result.wall_seconds,
                            fit_seconds - result.wall_seconds, short, full),
         "sample_ms_per_sequence": 1000 * sample_seconds / samples,

@@ -77,8 +77,8 @@ class ResampledBridge:
     def __init__(self, bridge):
         self.bridge = bridge
 
-    def sample(self, cond, steps=None):
-        return self.bridge.sample(cond, steps)
+    def sample(self, cond, steps=None, *, sink=None):
+        return self.bridge.sample(cond, steps, sink=sink)
 
 
 def with_positions(bridge, positions: int, seed: int):

@@ -80,14 +80,22 @@ def sweep_size(config: dict, num_layers: int | None) -> int:
     return count if num_layers is None else min(count, num_layers - 1)
 
 
+def trains_matched_bridges(config: dict) -> bool:
+    """Whether a bridge trains under the matched budget (DiHAL or the regressor control): else
+    only the sweep needs bridge targets (a geometry-only suite, say)."""
+    return bool(config["methods"]["dihal"]) or "regressor" in config["methods"]["controls"]
+
+
+def target_budgets(config: dict) -> list[Budget]:
+    """The budgets whose training sequences need bridge targets: the sweep's, the matched one's."""
+    sections = ([config["sweep"]["budget"]] if sweep_size(config, None) else []) + \
+        ([config["budget"]] if trains_matched_bridges(config) else [])
+    return [Budget.from_dict(section) for section in sections]
+
+
 def target_lengths(config: dict) -> list[int]:
     """Sequence lengths whose training split needs bridge targets (one extraction job each)."""
-    lengths = set()
-    if sweep_size(config, None):
-        lengths.add(Budget.from_dict(config["sweep"]["budget"]).seq_len)
-    if config["methods"]["dihal"] or "regressor" in config["methods"]["controls"]:
-        lengths.add(Budget.from_dict(config["budget"]).seq_len)
-    return sorted(lengths)
+    return sorted({budget.seq_len for budget in target_budgets(config)})
 
 
 def method_names(config: dict) -> list[str]:
@@ -141,8 +149,9 @@ def unit_cost(unit: Unit, config: dict) -> tuple[str, int, int]:
     if unit.stage == "locate":
         return f"N={locate['tokens']} tokens x all layers, {len(locate['proxies'])} proxies", locate["tokens"] * 2, 0
     if unit.stage == "targets":
-        needed = max(b.distinct_sequences for b in (budget, sweep_budget))
-        return "one forward pass over the training subset, stored", needed * budget.seq_len, 0
+        length = int(unit.label.rsplit("=", 1)[1])
+        needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
+        return "one forward pass over the training subset, stored", needed * length, 0
     if unit.stage == "sweep":
         return (f"{sweep_budget.steps} steps", eval_windows(sweep) * sweep_budget.seq_len * 3,
                 sweep_budget.steps * sweep_budget.tokens_per_step)

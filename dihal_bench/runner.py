@@ -42,7 +42,7 @@ from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
 from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plan import Unit, auto_sweep_layers, seed_units, steps_label
+from dihal_bench.plan import Unit, auto_sweep_layers, seed_units, steps_label, trains_matched_bridges
 from dihal_bench.plugins import get_registry
 from dihal_bench.preflight import check_suite
 from dihal_bench.protocol import bridge_spec, matched_budget, section_budget
@@ -121,7 +121,9 @@ class Run:
         explicit sweep layers exist and the training split can feed every budget."""
         if self.config["sweep"]["layers"] != "auto":
             check_layers(self.backbone, self.config["sweep"]["layers"])
-        for section in ("sweep.budget", "budget"):
+        sections = ["sweep.budget"] + (["budget"] if self.config["methods"]["baselines"]
+                                       or trains_matched_bridges(self.config) else [])
+        for section in sections:
             budget = section_budget(self.config, section, seed=0)
             budget.check_fits(len(packed_split(self.backbone, self.corpus, "train", budget.seq_len)))
 
@@ -284,9 +286,8 @@ def run_seed(run: Run, seed: int) -> dict:
     budget = matched_budget(config, seed, run.backbone.width)
     spec = bridge_spec(config, "budget", seed)
     data_layers = sorted({*layers, chosen, worst})
-    planned_lengths = [u.label for u in run.units if u.stage == "targets"]
-    run.extract_targets(seed, data_layers, [b for b in (sweep_spec.budget, spec.budget)
-                                            if f"bridge targets T={b.seq_len}" in planned_lengths])
+    run.extract_targets(seed, data_layers, [sweep_spec.budget] * bool(layers)
+                        + [spec.budget] * trains_matched_bridges(config))
     sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
                   for i, layer in enumerate(layers)]
     correlations = {target: layer_correlations(located, sweep_rows, seed, target) for target in CORRELATION_TARGETS}

@@ -117,7 +117,7 @@ def scores(evaluator, texts: list[str], **options) -> tuple[np.ndarray, np.ndarr
 # --- evaluator scoring -------------------------------------------------------------------
 
 
-def test_score_texts_matches_direct_cross_entropy_with_bos(evaluator, model):
+def test_evaluate_texts_matches_direct_cross_entropy_with_bos(evaluator, model):
     bos = evaluator.tokenizer.bos_token_id
     nll_sums, counts = scores(evaluator, TEXTS, max_batch_tokens=24)  # padded batches of 10 + 8 and 4 + 4 ids
 
@@ -129,7 +129,7 @@ def test_score_texts_matches_direct_cross_entropy_with_bos(evaluator, model):
     )
 
 
-def test_score_texts_without_bos_leaves_first_token_unscored(evaluator_without_bos, model):
+def test_evaluate_texts_without_bos_leaves_first_token_unscored(evaluator_without_bos, model):
     nll_sums, counts = scores(evaluator_without_bos, TEXTS, max_batch_tokens=18)  # 9 + 7 and 3 + 3 ids
 
     expected = [direct_nll(model, text_ids(evaluator_without_bos.tokenizer, text)) for text in TEXTS]
@@ -146,7 +146,7 @@ def test_texts_with_fewer_than_two_scored_tokens_are_excluded(evaluator, evaluat
     assert nll_sums[:3].tolist() == [0.0, 0.0, 0.0]
 
 
-def test_score_texts_truncates_to_max_length(evaluator, model):
+def test_evaluate_texts_truncates_to_max_length(evaluator, model):
     text = " ".join(WORDS)
     nll_sums, counts = scores(evaluator, [text], max_length=8)
     ids = [evaluator.tokenizer.bos_token_id] + text_ids(evaluator.tokenizer, text)[:7]

@@ -24,10 +24,23 @@ from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
 
 
 def test_builtin_suites_resolve_with_every_key_known():
-    for name in ("smoke", "diagnostic", "paper"):
+    for name in ("smoke", "diagnostic", "paper", "geometry-gemma"):
         resolved_name, config = resolve_suite(name)
         assert resolved_name == name and config["description"]
     assert resolve_suite("paper")[1]["dtype"] == "bfloat16"
+
+
+def test_a_geometry_only_suite_plans_locate_and_the_sweep_on_the_sweeps_targets_alone():
+    from dihal_bench.budget import Budget
+    from dihal_bench.plan import seed_units, target_budgets
+
+    _, config = resolve_suite("geometry-gemma")
+    units = seed_units(config, num_layers=18)
+    assert [unit.stage for unit in units] == ["locate", "targets", *["sweep"] * 12]  # no methods, no latency
+    # the matched budget trains nothing here, so its (larger) training subset is not extracted
+    assert target_budgets(config) == [Budget.from_dict(config["sweep"]["budget"])]
+    _, diagnostic = resolve_suite("diagnostic")
+    assert len(target_budgets(diagnostic)) == 2
 
 
 def test_overrides_are_typed_and_unknown_keys_are_refused():
