@@ -36,6 +36,7 @@ from dihal_bench.evaluation import (
 )
 from dihal_bench.hidden import extract_layers
 from dihal_bench.hybrid import HybridLM, skip_control, start_token_id
+from dihal_bench.references import held_out_windows
 from dihal_bench.training import count_trainable, train
 
 #: what a trained bridge's data and objective are, beyond the spec: job hashes include it, so that
@@ -106,6 +107,20 @@ def bridge_windows(backbone: Backbone, sequences: torch.Tensor) -> torch.Tensor:
         raise DihalError(f"bridge windows need text windows (n, T) with T ≥ 2, got shape {tuple(sequences.shape)}")
     start = torch.full((len(sequences), 1), start_token_id(backbone.tokenizer), dtype=sequences.dtype)
     return torch.cat([start, sequences[:, :-1]], dim=1)
+
+
+#: the seed of the validation subset bridgeability is measured on: one fixed subset, the same
+#: windows for every run seed and every layer, so that their measurements compare
+EVAL_SUBSET_SEED = 0
+
+
+def validation_subset(sequences: torch.Tensor, count: int | str) -> torch.Tensor:
+    """The validation windows bridgeability and the hybrid's perplexity are measured on: all of
+    ``sequences`` for ``"all"``, else ``count`` of them (all, if fewer), a seeded random subset
+    rather than the first ones, which would cover only the split's first documents."""
+    if count == "all" or count >= len(sequences):
+        return sequences
+    return held_out_windows(sequences, count, EVAL_SUBSET_SEED, what="validation")
 
 
 def with_states(backbone: Backbone, sequences: torch.Tensor, layers: list[int], progress: bool = True) -> SplitTensors:

@@ -33,6 +33,7 @@ from dihal_bench.bridge_training import (
     packed_split,
     train_bridge,
     training_subset,
+    validation_subset,
     with_states,
 )
 from dihal_bench.budget import Budget
@@ -172,8 +173,7 @@ class Run:
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
             count = self.config["sweep"]["eval_sequences"]
-            cache[seq_len] = with_states(self.backbone, sequences if count == "all" else sequences[:count],
-                                         layers, self.progress)
+            cache[seq_len] = with_states(self.backbone, validation_subset(sequences, count), layers, self.progress)
         return cache[seq_len]
 
     def held_out_texts(self, split: str, n: int, seq_len: int, seed: int) -> tuple[list[str], torch.Tensor]:
@@ -257,6 +257,11 @@ METRIC_CONTEXT_KEYS = ("max_length", "min_valid", "mauve_bootstrap")
 WARM_UP_TOKENS = 8
 #: sample texts per method kept in the record, for pages that show a few without the job store
 EXAMPLES = 5
+
+
+def eval_identity(config: dict) -> dict:
+    """What the validation measurements of a bridge job depend on: how many windows, which ones."""
+    return {"eval_sequences": config["sweep"]["eval_sequences"], "eval_subset": "seeded"}
 
 
 def metric_names(config: dict) -> list[str]:
@@ -346,7 +351,7 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) 
     """Train and evaluate the sweep's bridge for ``layer`` under the sweep's fixed protocol."""
     config = run.config
     job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer,
-           "eval_sequences": config["sweep"]["eval_sequences"]}
+           **eval_identity(config)}
 
     def work(folder: Path) -> dict:
         train = run.train_states(spec.budget, layer)
@@ -362,7 +367,7 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
     """DiHAL at ``layer`` under the matched budget: train, evaluate, sample. ``spec`` names the
     bridge; the one-step regressor control comes through here too (``kind`` "control")."""
     config = run.config
-    train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer}
+    train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer, **eval_identity(config)}
 
     def train_work(folder: Path) -> dict:
         budget.check_allowance({"bridge": spec.parameter_count(run.backbone.width)}, name=f"DiHAL bridge (layer {layer})")
@@ -444,7 +449,7 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
     layer, config = method["layer"], run.config
     at_steps = dataclasses.replace(spec, sample_steps=steps)
     sampling = config["sampling"]
-    job = {"train": method["train_job"], "steps": steps, "eval_sequences": config["sweep"]["eval_sequences"],
+    job = {"train": method["train_job"], "steps": steps, **eval_identity(config),
            **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed,
            "evaluator": config["evaluator"], "max_length": config["metrics"]["max_length"]}
 

@@ -78,7 +78,8 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     started = time.perf_counter()
     train_sequences = training_subset(packed_split(backbone, corpus, "train", seq_len), [spec.budget], spec.budget.seed)
     train_data = with_states(backbone, train_sequences, layers, progress)
-    valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len)[:eval_sequences], layers, progress)
+    valid = with_states(backbone, validation_subset(packed_split(backbone, corpus, "validation", seq_len), eval_sequences),
+                        layers, progress)
     extract_seconds = time.perf_counter() - started
 
     rows, bridges = [], {}
