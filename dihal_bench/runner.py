@@ -43,7 +43,13 @@ from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
 from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plan import Unit, auto_sweep_layers, seed_units, steps_label, trains_matched_bridges
+from dihal_bench.plan import (
+    Unit,
+    auto_sweep_layers,
+    seed_units,
+    steps_label,
+    trains_matched_bridges,
+)
 from dihal_bench.plugins import get_registry
 from dihal_bench.preflight import check_suite
 from dihal_bench.protocol import bridge_spec, matched_budget, section_budget

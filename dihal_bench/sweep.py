@@ -20,6 +20,7 @@ from dihal_bench.bridge_training import (
     packed_split,
     train_bridge,
     training_subset,
+    validation_subset,
     with_states,
 )
 from dihal_bench.corpus import Corpus

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from dihal_bench import training
-from dihal_bench.bridge_training import bridge_windows, packed_split, training_subset
+from dihal_bench.bridge_training import bridge_windows, packed_split, training_subset, validation_subset
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
@@ -373,3 +373,26 @@ def test_bridge_windows_prefer_bos_and_refuse_windows_too_short():
     for bad in (torch.zeros(3, 1, dtype=torch.long), torch.zeros(4, dtype=torch.long)):
         with pytest.raises(DihalError, match="T ≥ 2"):
             bridge_windows(backbone, bad)
+
+
+# -- the validation subset and the sweep -----------------------------------------------------
+
+
+def test_the_validation_subset_is_seeded_and_all_means_every_window():
+    windows = torch.arange(40)[:, None] * 100 + torch.arange(4)  # window i starts with 100·i
+    assert torch.equal(validation_subset(windows, "all"), windows)
+    assert torch.equal(validation_subset(windows, 99), windows)  # more than there are: all of them
+    picked = validation_subset(windows, 10)
+    assert torch.equal(picked, validation_subset(windows, 10))  # one fixed subset
+    assert len(set(picked[:, 0].tolist())) == 10 and int(picked[:, 0].max()) >= 1000  # not the first ten
+
+
+def test_run_sweep_trains_and_measures_one_bridge_per_layer(llama_backbone, text_dir):
+    from dihal_bench.bridge_training import BridgeSpec
+    from dihal_bench.sweep import run_sweep
+
+    spec = BridgeSpec(options={"d_model": 16, "layers": 1, "heads": 2}, sample_steps=2,
+                      budget=Budget(steps=2, batch_size=2, seq_len=16))
+    result = run_sweep(llama_backbone, load_corpus(str(text_dir)), [1, 2], spec, eval_sequences=3, progress=False)
+    assert [row["layer"] for row in result["layers"]] == [1, 2] and result["eval_sequences"] == 3
+    assert all(row["bridge_mse"] > 0 and row["hybrid_ppl"] > 1 for row in result["layers"])
