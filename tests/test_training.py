@@ -12,7 +12,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from dihal_bench import training
-from dihal_bench.bridge_training import bridge_windows, packed_split, training_subset, validation_subset
+from dihal_bench.bridge_training import (
+    bridge_windows,
+    packed_split,
+    training_subset,
+    validation_subset,
+)
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
