@@ -76,7 +76,7 @@ def _check_training_inputs(backbone_name, corpus_name, out_dir) -> None:
 @_training_options
 @click.option("--layers", default="auto", show_default=True,
               help="Comma-separated layers, or 'auto' (about ten spread over the stack, always with ℓ*).")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True, help="Validation sequences per layer.")
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True, help="Validation windows per layer (a seeded random subset).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/sweep", show_default=True)
 def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, out_dir):
     """Train one bridge per layer under one protocol; table, rank correlations and plot."""
