@@ -333,6 +333,21 @@ def test_valid_sample_counts_and_a_metrics_interval_become_method_columns(tmp_pa
     assert "Valid samples" in markdown
 
 
+def test_a_geometry_only_record_gets_layer_and_proxy_tables_and_no_methods_table(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    entry = seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+    entry["methods"] = {}  # a geometry-only suite: locate, the sweep and the correlations
+    write_record(results, "geometry.json", [entry])
+    out = tmp_path / "out"
+    written, warnings = build(results, out)
+    names = {path.name for path in written if path.parent.name == GROUP}
+    assert warnings == [] and {"layers.md", "proxies.csv", "score_vs_bridge_mse.png"} <= names
+    assert not any(name.startswith(("methods", "metrics")) for name in names)
+    page = (out / "leaderboard.html").read_text()
+    assert "Proxies" in page and "<h3>Methods" not in page
+
+
 # --- metric columns come from the records' metrics mapping --------------------------------------
 
 

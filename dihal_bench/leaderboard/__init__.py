@@ -62,7 +62,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
             for name in formats:
                 text = render.TABLE_RENDERERS[name](table, group)
                 files[f"{group.folder}/{table.name}{render.FORMAT_SUFFIXES[name]}"] = text.encode("utf-8")
-        group_plots = plots(group, group_tables["methods"])
+        group_plots = plots(group, group_tables.get("methods"))
         files |= {f"{group.folder}/{stem}.png": plot.png for stem, plot in group_plots.items()}
         built.append((group, group_tables, group_plots))
     if "md" in formats:

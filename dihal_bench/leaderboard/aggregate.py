@@ -243,7 +243,9 @@ def proxy_table(group: Group) -> Table:
 
 
 def tables(group: Group) -> list[Table]:
-    return [method_table(group), metric_table(group), layer_table(group), proxy_table(group)]
+    """The group's tables; a geometry-only group (records without methods) has no methods table."""
+    methods = [method_table(group), metric_table(group)] if group.rows["methods"] else []
+    return [*methods, layer_table(group), proxy_table(group)]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -81,7 +81,7 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def plot_proxies(group: Group, methods: Table) -> Plot | None:
+def plot_proxies(group: Group, methods: Table | None) -> Plot | None:
     """Each proxy's z-score and S(ℓ) against layer (mean over seeds, ± std band); ℓ* dotted."""
     rows = group.rows["z"]
     if not rows:
@@ -105,7 +105,7 @@ def plot_proxies(group: Group, methods: Table) -> Plot | None:
     return Plot(_png(figure), "Locate proxies' z-scores and S(ℓ) against layer")
 
 
-def plot_score_vs_bridge(group: Group, methods: Table) -> Plot | None:
+def plot_score_vs_bridge(group: Group, methods: Table | None) -> Plot | None:
     """S(ℓ) against bridge validation MSE per swept layer (mean ± std over seeds)."""
     stats = summarise(pd.DataFrame(group.rows["layers"]), "layer", ["score", "bridge_mse"], sort=True)
     stats = stats[(stats["score_n"] > 0) & (stats["bridge_mse_n"] > 0)]
@@ -122,9 +122,12 @@ def plot_score_vs_bridge(group: Group, methods: Table) -> Plot | None:
     return Plot(_png(figure), "S(ℓ) against bridge validation MSE per swept layer")
 
 
-def plot_tradeoff(group: Group, methods: Table) -> Plot | None:
+def plot_tradeoff(group: Group, methods: Table | None) -> Plot | None:
     """The records' first lower-is-better metric (y) against their first higher-is-better one
-    (x) per method, the Pareto front dashed; □ marks methods outside the budget."""
+    (x) per method, the Pareto front dashed; □ marks methods outside the budget. None without
+    methods (a geometry-only group)."""
+    if methods is None:
+        return None
     directions = {name: metric["higher_is_better"] for name, metric in group.metrics.items()}
     x = next((name for name, higher in directions.items() if higher is True), None)
     y = next((name for name, higher in directions.items() if higher is False), None)
@@ -162,14 +165,14 @@ def plot_tradeoff(group: Group, methods: Table) -> Plot | None:
 
 
 #: File stem -> plot. Stems are fixed, not built from metric names, so links to them hold.
-PLOTS: dict[str, Callable[[Group, Table], Plot | None]] = {
+PLOTS: dict[str, Callable[[Group, Table | None], Plot | None]] = {
     "proxies_vs_layer": plot_proxies,
     "score_vs_bridge_mse": plot_score_vs_bridge,
     "methods_tradeoff": plot_tradeoff,
 }
 
 
-def plots(group: Group, methods: Table) -> dict[str, Plot]:
+def plots(group: Group, methods: Table | None) -> dict[str, Plot]:
     """The group's plots that have something to show, by file stem."""
     import matplotlib
 
