@@ -37,7 +37,7 @@ from dihal_bench.bridge_training import (
     with_states,
 )
 from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus, pack, tokenize_documents
+from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
@@ -185,8 +185,7 @@ class Run:
     def held_out_texts(self, split: str, n: int, seq_len: int, seed: int) -> tuple[list[str], torch.Tensor]:
         """Up to ``n`` windows of ``seq_len`` backbone tokens from a held-out split, a seeded random
         subset (references.held_out_windows), decoded: (texts, token ids)."""
-        windows = pack(tokenize_documents(self.corpus.split(split), self.backbone.tokenizer), seq_len,
-                       split_name=split)
+        windows = packed_split(self.backbone, self.corpus, split, seq_len)
         picked = held_out_windows(windows, min(n, len(windows)), seed, what=split)
         return self.backbone.tokenizer.batch_decode(picked, skip_special_tokens=True), picked
 
@@ -297,8 +296,10 @@ def run_seed(run: Run, seed: int) -> dict:
     budget = matched_budget(config, seed, run.backbone.width)
     spec = bridge_spec(config, "budget", seed)
     data_layers = sorted({*layers, chosen, worst})
-    run.extract_targets(seed, data_layers, [sweep_spec.budget] * bool(layers)
-                        + [spec.budget] * trains_matched_bridges(config))
+    target_budgets = [sweep_spec.budget] if layers else []
+    if trains_matched_bridges(config):
+        target_budgets.append(spec.budget)
+    run.extract_targets(seed, data_layers, target_budgets)
     sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
                   for i, layer in enumerate(layers)]
     correlations = {target: layer_correlations(located, sweep_rows, seed, target) for target in CORRELATION_TARGETS}

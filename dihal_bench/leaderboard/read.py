@@ -216,12 +216,12 @@ def method_values(method: dict, metrics: list[str]) -> dict:
     values = {"kind": method["kind"], "in_budget": method["in_budget"],
               "layer": None if layer is None else _integer(layer, "method layer")}
     taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params", "valid_samples"}
+    reported = method["metrics"]
     for metric in metrics:
         for key in (metric, f"{metric}_samples", f"{metric}_low", f"{metric}_high"):
             if key in taken:
                 raise ValueError(f"metric name {metric!r} is taken by a methods table column ({key!r})")
             taken.add(key)
-        reported = method["metrics"]
         values[metric] = _number(reported.get(metric))
         count = _number(reported.get(f"{metric}_n"))
         if not math.isnan(count):  # a column only where some metric reports its count
