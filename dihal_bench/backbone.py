@@ -92,6 +92,14 @@ class Backbone(ABC):
     def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The last layer's hidden state after the final norm (the LM head's input)."""
 
+    def logits_and_final_hidden(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`logits` and :meth:`final_hidden` together. Here two passes; a backbone that
+        can take both from one pass should, since every evaluator pass of the metrics needs
+        both (Gen.PPL reads the logits, MAUVE the final hidden state)."""
+        return self.logits(input_ids, attention_mask), self.final_hidden(input_ids, attention_mask)
+
     def check_layer(self, layer: int, *, allow_last: bool = False) -> int:
         top = self.num_layers if allow_last else self.num_layers - 1
         if not 1 <= layer <= top:

@@ -31,7 +31,7 @@ from dihal_bench.corpus import Corpus, pack, tokenize_documents
 from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import (
     bridge_reconstruction,
-    kl_to_backbone,
+    hybrid_against_backbone,
     teacher_forced_nll,
 )
 from dihal_bench.hidden import extract_layers
@@ -158,11 +158,12 @@ def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, sp
     recon = bridge_reconstruction(bridge, valid.states[0], valid.states[layer], valid.mask,
                                   spec.sample_steps, batch_size, sink=spec.sink_passthrough)
     hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
+    scored = hybrid_against_backbone(backbone, hybrid, valid.sequences, batch_size)
     return {
         "bridge_mse": recon["mse"],
         "bridge_mse_trace": recon["mse_trace"],
         "bridge_r2": recon["r2"],
-        "hybrid_ppl": teacher_forced_nll(hybrid.logits, valid.sequences, batch_size)["ppl"],
-        "kl_to_backbone": kl_to_backbone(backbone, hybrid, valid.sequences, batch_size),
+        "hybrid_ppl": scored["ppl"],
+        "kl_to_backbone": scored["kl"],
         "skip_ppl": teacher_forced_nll(skip_control(backbone, layer).logits, valid.sequences, batch_size)["ppl"],
     }

@@ -1,6 +1,6 @@
 """Teacher-forced evaluation of next-token models and of bridges (docs/method.md#bridge).
 
-All three measures run over fixed-length token sequences (n, T) from the corpus's packed
+All the measures run over fixed-length token sequences (n, T) from the corpus's packed
 validation split, in batches without gradients, and accumulate sums in float64 so that the
 result does not depend on the batch size beyond float32 rounding of each batch.
 
@@ -48,14 +48,28 @@ def kl_to_backbone(backbone: Backbone, hybrid: HybridLM, sequences: Tensor, batc
                    progress: bool = False) -> float:
     """Mean over predicted tokens of KL(p_backbone ‖ p_hybrid) = Σ_v p_b(v)·(log p_b(v) − log p_h(v)),
     in nats, both distributions conditioned on the same true prefix."""
+    return hybrid_against_backbone(backbone, hybrid, sequences, batch_size, progress=progress)["kl"]
+
+
+@torch.no_grad()
+def hybrid_against_backbone(backbone: Backbone, hybrid: HybridLM, sequences: Tensor, batch_size: int = 16, *,
+                            progress: bool = False) -> dict:
+    """The hybrid's teacher-forced NLL (``nll_sum``, ``tokens``, ``ppl``, as
+    :func:`teacher_forced_nll`) and its KL to the backbone (``kl``, as :func:`kl_to_backbone`)
+    from one hybrid pass: the two read the same logits, and a hybrid pass costs the bridge's
+    sampling steps on top of the upper layers, so computing them apart would pay it twice."""
     tokens = _predicted_tokens(sequences)
-    total = torch.zeros((), dtype=torch.float64)
-    for batch in _batches(sequences, batch_size, progress, "KL to backbone"):
-        log_p = F.log_softmax(backbone.logits(batch)[:, :-1].float(), dim=-1)
-        log_q = F.log_softmax(hybrid.logits(batch)[:, :-1].float(), dim=-1).to(log_p.device)
-        kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-        total += kl.double().sum().cpu()
-    return total.item() / tokens
+    nll_sum = torch.zeros((), dtype=torch.float64)
+    kl_sum = torch.zeros((), dtype=torch.float64)
+    for batch in _batches(sequences, batch_size, progress, "hybrid vs backbone"):
+        log_q = F.log_softmax(hybrid.logits(batch)[:, :-1].float(), dim=-1)
+        log_p = F.log_softmax(backbone.logits(batch)[:, :-1].float(), dim=-1).to(log_q.device)
+        # the NLL from log-softmax rows equals cross_entropy's, which computes the same thing
+        targets = batch[:, 1:].to(log_q.device)
+        nll_sum += -log_q.gather(-1, targets[..., None]).double().sum().cpu()
+        kl_sum += (log_p.exp() * (log_p - log_q)).sum(-1).double().sum().cpu()
+    return {"nll_sum": nll_sum.item(), "tokens": tokens, "ppl": math.exp(nll_sum.item() / tokens),
+            "kl": kl_sum.item() / tokens}
 
 
 @torch.no_grad()

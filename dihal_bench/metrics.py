@@ -7,7 +7,8 @@ evaluator passes:
 
 - `evaluate_texts`: one forward pass per text giving its summed next-token NLL (Gen.PPL) and
   its last-token final hidden state (MAUVE's featurisation of a generation);
-- `evaluator_features`: the featurisation alone, for MAUVE's references.
+- `prefix_features` / `evaluator_features`: the featurisation alone, for MAUVE's references,
+  at every truncation of each text from one pass.
 
 Both re-tokenise the decoded text with the evaluator's own tokenizer, as MDLM does
 (`kuleshov-group/mdlm:diffusion.py`, `eval_retokenize`), so every method is scored on its
@@ -63,18 +64,14 @@ def invalid_reason(text: str, scored_tokens: int | None = None) -> str | None:
 
 
 class Evaluator(Protocol):
-    """The part of a backbone that metrics use (`dihal_bench.backbone.Backbone` has it).
-
-    An evaluator may also offer `logits_and_final_hidden(input_ids, attention_mask) ->
-    (logits, final_hidden)` from one forward pass; `logits_and_final_hidden` below uses it
-    when present.
-    """
+    """The part of a backbone that metrics use (`dihal_bench.backbone.Backbone` has it)."""
 
     tokenizer: Any  # a Hugging Face tokenizer
     device: torch.device
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, T) ids and mask -> (B, T, V) next-token logits."""
+    def logits_and_final_hidden(self, input_ids: torch.Tensor,
+                                attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids and mask -> (B, T, V) next-token logits and (B, T, d) final hidden state."""
 
     def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) ids and mask -> (B, T, d) last layer's hidden state, after the final norm."""
@@ -154,22 +151,6 @@ class EvaluatorPass:
     features: np.ndarray
 
 
-def logits_and_final_hidden(
-    evaluator: Evaluator, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T, V) logits and (B, T, d) post-norm final hidden state of one batch.
-
-    One forward pass when the evaluator has `logits_and_final_hidden`. The Backbone contract
-    (dihal_bench/backbone.py) has no call returning both: `hidden_states` stops before the
-    final norm, which MAUVE's featurisation includes, and `resume` returns logits only. So
-    otherwise this calls `logits` and `final_hidden`: the same numbers, two passes.
-    """
-    combined = getattr(evaluator, "logits_and_final_hidden", None)
-    if combined is not None:
-        return combined(input_ids, attention_mask)
-    return evaluator.logits(input_ids, attention_mask), evaluator.final_hidden(input_ids, attention_mask)
-
-
 def evaluate_texts(
     evaluator: Evaluator,
     texts: Sequence[str],
@@ -202,7 +183,7 @@ def evaluate_texts(
     scorable = [i for i, ids in enumerate(encoded) if len(ids) - 1 >= MIN_SCORED_TOKENS]
     with torch.no_grad():
         for rows, input_ids, attention_mask in _batches(encoded, scorable, max_batch_tokens, evaluator.device):
-            logits, hidden = logits_and_final_hidden(evaluator, input_ids, attention_mask)
+            logits, hidden = evaluator.logits_and_final_hidden(input_ids, attention_mask)
             nll_sums[rows], counts[rows] = _summed_nll(logits, input_ids, attention_mask)
             features.update(zip(rows, _last_token_states(hidden, attention_mask)))
     width = len(next(iter(features.values()))) if features else 0
@@ -210,6 +191,60 @@ def evaluate_texts(
     for row, feature in features.items():
         feature_array[row] = feature
     return EvaluatorPass(nll_sums, counts, text_tokens, feature_array)
+
+
+@dataclass(frozen=True)
+class PrefixFeatures:
+    """The evaluator's final hidden state at every position of each text, from one pass.
+
+    The evaluator is causal, so the state at position k of a text is the state the text
+    truncated after k tokens ends on: one pass over the full texts gives every truncation's
+    feature, and `at` picks them. MAUVE's references are length-matched to each method's
+    generations, so this is what lets one pass serve every method of a run.
+    `states[i]` is (k_i, d) float32, k_i = text i's evaluator ids (BOS included).
+    """
+
+    states: list[np.ndarray]
+    bos: int  # 1 if the evaluator's tokenizer prepends a BOS, else 0
+
+    def head(self, n: int) -> PrefixFeatures:
+        """The first `n` texts' features."""
+        return PrefixFeatures(self.states[:n], self.bos)
+
+    def at(self, max_tokens: Sequence[int] | None = None) -> np.ndarray:
+        """(n, d): text i's feature after at most `max_tokens[i]` text tokens (BOS not
+        counted), or after all of them for None; what `evaluator_features` gives."""
+        caps = [len(s) for s in self.states] if max_tokens is None else [self.bos + int(c) for c in max_tokens]
+        if len(caps) != len(self.states):
+            raise DihalError(f"{len(self.states)} texts but {len(caps)} token caps")
+        positions = [min(len(s), cap) - 1 for s, cap in zip(self.states, caps)]
+        empty = next((i for i, position in enumerate(positions) if position < 0), None)
+        if empty is not None:
+            raise DihalError(f"cannot featurise text {empty}: it has no tokens and the evaluator's tokenizer no BOS")
+        if not self.states:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([s[position] for s, position in zip(self.states, positions)])
+
+
+def prefix_features(
+    evaluator: Evaluator,
+    texts: Sequence[str],
+    *,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    max_length: int = 1024,
+) -> PrefixFeatures:
+    """`PrefixFeatures` of `texts`, each truncated to `max_length` evaluator ids."""
+    _check_batch_tokens(max_batch_tokens)
+    encoded = _encode(evaluator.tokenizer, texts, max_length=max_length)
+    bos = 0 if evaluator.tokenizer.bos_token_id is None else 1
+    states: list[np.ndarray] = [np.zeros((0, 0), dtype=np.float32)] * len(texts)
+    with torch.no_grad():
+        for rows, input_ids, attention_mask in _batches(encoded, [i for i, ids in enumerate(encoded) if ids],
+                                                        max_batch_tokens, evaluator.device):
+            hidden = evaluator.final_hidden(input_ids, attention_mask).float().cpu().numpy()
+            for row, row_states in zip(rows, hidden):
+                states[row] = row_states[: len(encoded[row])]
+    return PrefixFeatures(states, bos)
 
 
 def evaluator_features(
@@ -227,19 +262,7 @@ def evaluator_features(
     counted): this is how references are length-matched to generations. No texts give a
     (0, 0) array.
     """
-    _check_batch_tokens(max_batch_tokens)
-    encoded = _encode(evaluator.tokenizer, texts, max_length=max_length, max_tokens=max_tokens)
-    empty = [i for i, ids in enumerate(encoded) if not ids]
-    if empty:
-        raise DihalError(f"cannot featurise text {empty[0]}: it has no tokens and the evaluator's tokenizer no BOS")
-    features: list[np.ndarray | None] = [None] * len(texts)
-    with torch.no_grad():
-        for rows, input_ids, attention_mask in _batches(encoded, range(len(texts)), max_batch_tokens,
-                                                        evaluator.device):
-            hidden = evaluator.final_hidden(input_ids, attention_mask)
-            for row, feature in zip(rows, _last_token_states(hidden, attention_mask)):
-                features[row] = feature
-    return np.stack(features) if features else np.zeros((0, 0), dtype=np.float32)
+    return prefix_features(evaluator, texts, max_batch_tokens=max_batch_tokens, max_length=max_length).at(max_tokens)
 
 
 def _summed_nll(

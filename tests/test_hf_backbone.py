@@ -150,6 +150,15 @@ def test_hidden_states_are_embedding_then_one_per_layer(backbone):
     )
 
 
+def test_one_pass_logits_and_final_hidden_are_the_two_library_calls(backbone):
+    # The same library operations in the same order (the tiny Gemma3 sets a soft cap its head
+    # must apply), so the values are equal, not merely close.
+    ids, mask = padded_batch()
+    logits, hidden = backbone.logits_and_final_hidden(ids, mask)
+    assert torch.equal(logits, backbone.logits(ids, mask))
+    assert torch.equal(hidden, backbone.final_hidden(ids, mask))
+
+
 @pytest.mark.parametrize("position", ["first", "last"])
 def test_incremental_resume_with_a_cache_equals_the_uncached_resume(backbone, position):
     """What KV-cached generation relies on: feed a prefix, then one position at a time."""

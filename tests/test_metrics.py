@@ -20,10 +20,12 @@ from dihal_bench import hookspecs
 from dihal_bench.errors import DihalError
 from dihal_bench.metrics import (
     MetricContext,
+    PrefixFeatures,
     SampleSet,
     evaluate_texts,
     evaluator_features,
     invalid_reason,
+    prefix_features,
 )
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "and", "then", "it", "slept", "under",
@@ -45,15 +47,17 @@ def make_tokenizer(*, with_bos: bool) -> PreTrainedTokenizerFast:
 
 
 class TinyEvaluator:
-    """The four members of a backbone that metrics may use, over a Hugging Face causal LM."""
+    """The members of a backbone that metrics use, over a Hugging Face causal LM; logits and
+    final hidden state from two passes, as the Backbone contract's default gives them."""
 
     def __init__(self, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast):
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device("cpu")
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    def logits_and_final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return logits, self.final_hidden(input_ids, attention_mask)
 
     def final_hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -581,20 +585,29 @@ def test_mauve_metric_length_matches_references_to_generations(registered, evalu
     rng = np.random.default_rng(5)
     generations = [" ".join(rng.choice(WORDS, size=rng.integers(2, 6), replace=False)) for _ in range(12)] + [" "]
     references = [" ".join(rng.choice(WORDS, size=10)) for _ in range(20)] + ["", "sun sun sun"]
-    caps = []
+    featurised, caps = [], []
 
-    def spy(evaluator, texts, *, max_tokens=None, **options):
-        caps.append((texts, max_tokens))
-        return evaluator_features(evaluator, texts, max_tokens=max_tokens, **options)
+    def spy_features(evaluator, texts, **options):
+        featurised.append(list(texts))
+        return prefix_features(evaluator, texts, **options)
 
-    monkeypatch.setattr(builtin, "evaluator_features", spy)
+    def spy_at(self, max_tokens=None):
+        caps.append((len(self.states), max_tokens))
+        return original_at(self, max_tokens)
+
+    original_at = PrefixFeatures.at
+    monkeypatch.setattr(builtin, "prefix_features", spy_features)
+    monkeypatch.setattr(PrefixFeatures, "at", spy_at)
     samples = sample_set(generations, evaluator.tokenizer)
     ctx = MetricContext(evaluator=evaluator, references=references[::-1], seed=0, min_valid=10, mauve_bootstrap=3)
     result = registered["mauve"][0](samples, ctx)
+    again = registered["mauve"][0](samples, ctx)
 
-    # Only the references are featurised here (the generations come from the scoring pass);
-    # invalid references are skipped.
-    assert caps == [(references[19:7:-1], [len(text.split()) for text in generations[:12]])]
+    # Only the valid references are featurised (the generations come from the scoring pass),
+    # once for both calls; the first 12 are read, each cut to its generation's length.
+    assert featurised == [references[19::-1]]
+    assert caps == [(12, [len(text.split()) for text in generations[:12]])] * 2
+    assert again["mauve"] == result["mauve"]
     assert result["n"] == 12 and 0.0 <= result["mauve"] <= 1.0
     assert (result["n_valid"], result["n_invalid"]) == (12, 1)
     assert result["bootstrap"] == 3 and result["mauve_ci_low"] <= result["mauve_ci_high"]

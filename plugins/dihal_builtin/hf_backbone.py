@@ -118,10 +118,11 @@ class HFBackbone(Backbone):
         return self.base.embed_tokens(input_ids.to(self.device))
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.model.lm_head(self.base.norm(hidden))
-        if self._softcap:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return logits
+        return self._capped(self.model.lm_head(self.base.norm(hidden)))
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma's final soft cap, where the config sets one (the causal-LM forward applies it)."""
+        return torch.tanh(logits / self._softcap) * self._softcap if self._softcap else logits
 
     def _run_layers(self, hidden, start, end, attention_mask, cache, position_offset, collect=None):
         """Run decoder layers start..end-1 (0-based) on ``hidden``."""
@@ -181,3 +182,10 @@ class HFBackbone(Backbone):
     def final_hidden(self, input_ids, attention_mask=None):
         mask = attention_mask.to(self.device) if attention_mask is not None else None
         return self.base(input_ids=input_ids.to(self.device), attention_mask=mask, use_cache=False).last_hidden_state
+
+    @torch.no_grad()
+    def logits_and_final_hidden(self, input_ids, attention_mask=None):
+        # The library's own head applied to the library's own final state: the same operations
+        # as the causal-LM forward (lm_head, then Gemma's soft cap where set), one body pass.
+        hidden = self.final_hidden(input_ids, attention_mask)
+        return self._capped(self.model.lm_head(hidden)), hidden

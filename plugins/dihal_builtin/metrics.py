@@ -28,10 +28,11 @@ from dihal_bench.metrics import (
     Evaluator,
     EvaluatorPass,
     MetricContext,
+    PrefixFeatures,
     SampleSet,
     evaluate_texts,
-    evaluator_features,
     invalid_reason,
+    prefix_features,
 )
 
 #: MAUVE needs at least this many samples on each side to form two histogram buckets.
@@ -287,6 +288,23 @@ def _evaluator_pass(samples: SampleSet, ctx: MetricContext, metric: str) -> Eval
     return evaluation
 
 
+# The references' features at every truncation, so that MAUVE's P side, length-matched to
+# each method's generations, costs one evaluator pass per run rather than one per method.
+_last_references: tuple[weakref.ref, tuple, PrefixFeatures] | None = None
+
+
+def _reference_features(references: list[str], ctx: MetricContext) -> PrefixFeatures:
+    global _last_references
+    evaluator = _require_evaluator(ctx, "mauve")
+    key = (tuple(references), ctx.max_length)
+    if _last_references is not None and _last_references[0]() is evaluator and _last_references[1] == key:
+        return _last_references[2]
+    features = prefix_features(evaluator, references, max_batch_tokens=ctx.max_batch_tokens,
+                               max_length=ctx.max_length)
+    _last_references = (weakref.ref(evaluator), key, features)
+    return features
+
+
 def _validity(samples: SampleSet, evaluation: EvaluatorPass) -> tuple[list[int], list[str | None]]:
     """The rows Gen.PPL and MAUVE read (valid, with the evaluator's counts) and every row's reason."""
     reasons = samples.invalid_reasons(evaluation.counts)
@@ -352,7 +370,7 @@ def _mauve_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
     i, so both sides have the same length profile, as in ReMDM, which compares against
     equal-length validation chunks.
     """
-    evaluator = _require_evaluator(ctx, "mauve")
+    _require_evaluator(ctx, "mauve")
     _import_mauve()  # fail before the evaluator pass, not after
     evaluation = _evaluator_pass(samples, ctx, "mauve")
     rows, reasons = _validity(samples, evaluation)
@@ -366,8 +384,7 @@ def _mauve_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
         return {"mauve": None, "n": n, "mauve_ci_low": None, "mauve_ci_high": None, **counts,
                 "warning": _too_few_for_mauve(len(references), len(rows))}
     rows = rows[:n]
-    p_features = evaluator_features(evaluator, references[:n], max_tokens=evaluation.text_tokens[rows].tolist(),
-                                    max_batch_tokens=ctx.max_batch_tokens, max_length=ctx.max_length)
+    p_features = _reference_features(references, ctx).head(n).at(evaluation.text_tokens[rows].tolist())
     result = {**mauve_score(p_features, evaluation.features[rows], seed=ctx.seed, bootstrap=ctx.mauve_bootstrap),
               **counts}
     if n < counts["n_valid"]:
