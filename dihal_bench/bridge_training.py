@@ -151,19 +151,28 @@ def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: S
 
 
 def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, spec: BridgeSpec,
-                   valid: SplitTensors, batch_size: int = 16) -> dict:
-    """Bridgeability (standardised MSE, the same in the ``trace`` metric, R²) and the hybrid's
-    perplexity and KL on validation; the bridge is given the exact sink state as the hybrid
-    gives it, i.e. with sink passthrough."""
+                   valid: SplitTensors, batch_size: int = 16, *, lm_windows: int | str = "all",
+                   skip: bool = True) -> dict:
+    """Bridgeability (standardised MSE, the same in the ``trace`` metric, R²) on every window of
+    ``valid``, and the hybrid's perplexity and KL to the backbone (and, with ``skip``, the skip
+    control's perplexity) on ``lm_windows`` of them (:func:`validation_subset`). The bridge is
+    given the exact sink state as the hybrid gives it, i.e. with sink passthrough.
+
+    Bridgeability is one bridge pass per window, the language-model measures a full pass of
+    the upper stack and one of the backbone, with a vocabulary-sized head: the cheap measure
+    takes every window, the costly ones a seeded subset (``sweep.eval_sequences``)."""
     recon = bridge_reconstruction(bridge, valid.states[0], valid.states[layer], valid.mask,
                                   spec.sample_steps, batch_size, sink=spec.sink_passthrough)
+    scored_windows = validation_subset(valid.sequences, lm_windows)
     hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
-    scored = hybrid_against_backbone(backbone, hybrid, valid.sequences, batch_size)
-    return {
+    scored = hybrid_against_backbone(backbone, hybrid, scored_windows, batch_size)
+    measured = {
         "bridge_mse": recon["mse"],
         "bridge_mse_trace": recon["mse_trace"],
         "bridge_r2": recon["r2"],
         "hybrid_ppl": scored["ppl"],
         "kl_to_backbone": scored["kl"],
-        "skip_ppl": teacher_forced_nll(skip_control(backbone, layer).logits, valid.sequences, batch_size)["ppl"],
     }
+    if skip:
+        measured["skip_ppl"] = teacher_forced_nll(skip_control(backbone, layer).logits, scored_windows, batch_size)["ppl"]
+    return measured

@@ -1,8 +1,8 @@
 """The plugin contract: one hook per kind of plugin, each handed a ``register`` callback.
 
 A plugin module implements any subset of these with ``@dihal_bench.hookimpl`` and calls
-``register(name, obj, **meta)`` once per thing it contributes. The built-in plugins in
-``plugins/dihal_builtin`` use exactly this contract and are found through the same
+``register(name, obj, **meta)`` once per thing it contributes. The built-in plugins (the
+repository's ``plugins/`` folder) use exactly this contract and are found through the same
 ``dihal_bench`` entry-point group as third-party packages.
 
 Every call is checked against its kind's rules (``dihal_bench.plugins.META_RULES`` for the
@@ -82,8 +82,8 @@ def register_baselines(register):
 def register_metrics(register):
     """Register metrics: ``register(name, fn, higher_is_better=..., display_name=..., description=...)``.
 
-    ``fn(samples, ctx) -> dict`` scores one method's generations (see
-    ``plugins/dihal_builtin/metrics.py``) and returns its value under ``name``.
+    ``fn(samples, ctx) -> dict`` scores one method's generations (``dihal_bench.metrics``
+    holds the contract; the built-in metrics are examples) and returns its value under ``name``.
     ``higher_is_better``: True, False, or None for a metric that has no better direction;
     ``display_name``: a short column title for leaderboards, such as ``"Gen.PPL"``.
     """

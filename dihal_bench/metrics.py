@@ -1,8 +1,8 @@
 """What a metric reads, which samples count, and how the evaluator LM scores and featurises text.
 
 A metric plugin (hook `register_metrics`) registers `fn(samples: SampleSet, ctx: MetricContext)
--> dict[str, float | int | str | None]`. The built-in ones live in `dihal_builtin.metrics`;
-this module holds the contract, the validity rule they share (`invalid_reason`) and the
+-> dict[str, float | int | str | None]`. The built-in metrics are registered the same way, by
+the default plugin; this module holds the contract, the validity rule they share (`invalid_reason`) and the
 evaluator passes:
 
 - `evaluate_texts`: one forward pass per text giving its summed next-token NLL (Gen.PPL) and

@@ -79,23 +79,26 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     started = time.perf_counter()
     train_sequences = training_subset(packed_split(backbone, corpus, "train", seq_len), [spec.budget], spec.budget.seed)
     train_data = with_states(backbone, train_sequences, layers, progress)
-    valid = with_states(backbone, validation_subset(packed_split(backbone, corpus, "validation", seq_len), eval_sequences),
-                        layers, progress)
+    # bridgeability on every validation window, the language-model measures on a seeded subset
+    valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len), layers, progress)
     extract_seconds = time.perf_counter() - started
 
+    scored_windows = validation_subset(valid.sequences, eval_sequences)
     rows, bridges = [], {}
     for layer in layers:
         checkpoint = None if work_dir is None else Path(work_dir) / f"bridge-layer{layer}"
         bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)
-        rows.append({"layer": layer, **stats, **evaluate_layer(backbone, bridge, layer, spec, valid)})
+        rows.append({"layer": layer, **stats,
+                     **evaluate_layer(backbone, bridge, layer, spec, valid, lm_windows=eval_sequences)})
         if keep_bridges:
             bridges[layer] = bridge
     return {
         **({"bridges": bridges} if keep_bridges else {}),
         "layers": rows,
-        "backbone_ppl": teacher_forced_nll(backbone.logits, valid.sequences, 16)["ppl"],
+        "backbone_ppl": teacher_forced_nll(backbone.logits, scored_windows, 16)["ppl"],
         "train_sequences": len(train_data.sequences),
-        "eval_sequences": len(valid.sequences),
+        "eval_sequences": len(scored_windows),
+        "bridgeability_sequences": len(valid.sequences),
         "extract_seconds": extract_seconds,
     }
 

@@ -13,7 +13,12 @@ from dihal_builtin.bridge import DihalBridge
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.bridge import HiddenStateBridge, training_loss
-from dihal_bench.bridge_training import BridgeSpec, SplitTensors, evaluate_layer
+from dihal_bench.bridge_training import (
+    BridgeSpec,
+    SplitTensors,
+    evaluate_layer,
+    validation_subset,
+)
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import (
@@ -220,3 +225,25 @@ def test_evaluate_layer_gives_the_bridge_the_sink_as_the_hybrid_does(tiny_models
         assert measured["hybrid_ppl"] == pytest.approx(teacher_forced_nll(hybrid.logits, ids, 2)["ppl"], rel=1e-9)
     with_sink = bridge_reconstruction(bridge, states[0], states[layer], valid.mask)
     assert with_sink["mse"] != bridge_reconstruction(bridge, states[0], states[layer], valid.mask, sink=False)["mse"]
+
+
+def test_evaluate_layer_takes_every_window_for_bridgeability_and_a_subset_for_the_lm(tiny_models, char_tokenizer):
+    backbone = HFBackbone(tiny_models["llama"], char_tokenizer, "tiny-llama")
+    layer, ids = 1, random_ids(6, 10, seed=4)
+    states = backbone.hidden_states(ids)
+    valid = SplitTensors(ids, {0: states[0], layer: states[layer]})
+    torch.manual_seed(0)
+    bridge = DihalBridge(backbone.width, d_model=16, layers=1, heads=2, steps=2)
+    bridge.fit_standardizer(states[0], states[layer], valid.mask)
+
+    measured = evaluate_layer(backbone, bridge, layer, BridgeSpec(), valid, batch_size=2, lm_windows=3, skip=False)
+    subset = validation_subset(ids, 3)
+    assert len(subset) == 3 and not torch.equal(subset, ids[:3])  # seeded, not the first windows
+    assert measured["bridge_mse"] == bridge_reconstruction(bridge, states[0], states[layer], valid.mask, None, 2)["mse"]
+    hybrid = HybridLM(backbone, bridge, layer)
+    assert measured["hybrid_ppl"] == pytest.approx(teacher_forced_nll(hybrid.logits, subset, 2)["ppl"], rel=1e-9)
+    assert measured["kl_to_backbone"] == pytest.approx(kl_to_backbone(backbone, hybrid, subset, 2), rel=1e-9)
+    assert "skip_ppl" not in measured
+    with_skip = evaluate_layer(backbone, bridge, layer, BridgeSpec(), valid, batch_size=2, lm_windows=3)
+    skip = skip_control(backbone, layer).logits
+    assert with_skip["skip_ppl"] == pytest.approx(teacher_forced_nll(skip, subset, 2)["ppl"], rel=1e-9)
