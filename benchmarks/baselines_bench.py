@@ -126,13 +126,13 @@ def main() -> None:
     suite = common.diagnostic_suite()
     backbone = load_backbone(args.backbone)
     corpus = load_corpus(args.corpus)
-    full = Budget.from_dict({**suite["budget"], "seed": args.seed})
+    full = Budget.from_dict({**suite.budget, "seed": args.seed})
     allowance = common.bridge_spec(suite, full).parameter_count(backbone.width)
     full = full.replace(param_allowance=allowance)
     short = full.replace(steps=steps)
     spec = common.bridge_spec(suite, short)
     sequences = training_subset(packed_split(backbone, corpus, "train", short.seq_len), [short], args.seed)
-    diffusion_steps = suite["sampling"]["diffusion_steps"]
+    diffusion_steps = suite.sampling.diffusion_steps
 
     methods = {}
     for name in args.methods:

@@ -262,7 +262,7 @@ def main() -> None:
         parser.error("--new-tokens and --lengths must be at least 2: a decode's first step (the prefill) is not timed")
 
     suite = common.diagnostic_suite()
-    budget = Budget.from_dict({**suite["budget"], "seed": args.seed}).replace(steps=steps)
+    budget = Budget.from_dict({**suite.budget, "seed": args.seed}).replace(steps=steps)
     spec = common.bridge_spec(suite, budget)
     bridge_steps = args.bridge_steps or spec.sample_steps
     backbone = load_backbone(args.backbone)

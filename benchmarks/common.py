@@ -19,6 +19,7 @@ from dihal_bench.budget import Budget
 from dihal_bench.provenance import environment
 from dihal_bench.records import write_json_atomic
 from dihal_bench.suite import resolve_suite
+from dihal_bench.suite_config import SuiteConfig
 
 
 def parser(docstring: str) -> argparse.ArgumentParser:
@@ -47,16 +48,16 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: bool = True) 
     return statistics.median(timed(fn)[1] for _ in range(repeats))
 
 
-def diagnostic_suite() -> dict:
+def diagnostic_suite() -> SuiteConfig:
     """The resolved diagnostic suite: the budget, bridge and sampling settings a run uses."""
     return resolve_suite("diagnostic")[1]
 
 
-def bridge_spec(suite: dict, budget: Budget) -> BridgeSpec:
+def bridge_spec(suite: SuiteConfig, budget: Budget) -> BridgeSpec:
     """The suite's DiHAL bridge trained under ``budget``, as the runner builds it."""
-    bridge = suite["bridge"]
-    return BridgeSpec(name=bridge["name"], options=dict(bridge["options"]), budget=budget,
-                      sample_steps=bridge["sample_steps"], sink_passthrough=bridge["sink_passthrough"])
+    bridge = suite.bridge
+    return BridgeSpec(name=bridge.name, options=dict(bridge.options), budget=budget,
+                      sample_steps=bridge.sample_steps, sink_passthrough=bridge.sink_passthrough)
 
 
 def verdict(value: float, limit: float) -> str:

@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     quick = args.quick
     n_sequences = args.sequences or (4 if quick else 64)
-    seq_len = args.seq_len or (32 if quick else common.diagnostic_suite()["budget"]["seq_len"])
+    seq_len = args.seq_len or (32 if quick else common.diagnostic_suite().budget["seq_len"])
     repeats = args.repeats or (1 if quick else 3)
     token_counts = args.tokens or ([8, 16] if quick else [256, 4096])
     locate_seq_len = args.locate_seq_len or (32 if quick else 128)

@@ -19,6 +19,7 @@ from tabulate import tabulate
 
 from dihal_bench.budget import Budget
 from dihal_bench.plugins import get_registry
+from dihal_bench.suite_config import SuiteConfig, SweepSettings
 
 #: sustained FLOP/s assumed per device kind: a bf16 datacentre GPU at ~35% utilisation, and
 #: the 2-core CPU this project is developed on (SmolLM2-135M forward: ~550 tokens/s measured)
@@ -45,6 +46,7 @@ class Unit:
 
     stage: str  # locate, targets, sweep, dihal, controls, references, baselines, steps, metrics, latency
     label: str
+    seq_len: int | None = None  # a targets unit's training sequence length (its cost depends on it)
 
 
 def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[int]:
@@ -72,37 +74,47 @@ def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[i
     return sorted(chosen)
 
 
-def sweep_size(config: dict, num_layers: int | None) -> int:
-    layers = config["sweep"]["layers"]
+def sweep_size(config: SuiteConfig, num_layers: int | None) -> int:
+    layers = config.sweep.layers
     if layers != "auto":
         return len(layers)
-    count = config["sweep"]["count"]
+    count = config.sweep.count
     return count if num_layers is None else min(count, num_layers - 1)
 
 
-def trains_matched_bridges(config: dict) -> bool:
+def trains_matched_bridges(config: SuiteConfig) -> bool:
     """Whether a bridge trains under the matched budget (DiHAL or the regressor control): else
     only the sweep needs bridge targets (a geometry-only suite, say)."""
-    return bool(config["methods"]["dihal"]) or "regressor" in config["methods"]["controls"]
+    return bool(config.methods.dihal) or "regressor" in config.methods.controls
 
 
-def target_budgets(config: dict) -> list[Budget]:
+def budget_sections(config: SuiteConfig, num_layers: int | None = None, *, bridge_targets: bool = False) -> list[str]:
+    """The budget sections ("sweep.budget", then "budget") whose training sequences a run draws:
+    the sweep's when it has a layer, the matched budget's when a bridge (DiHAL, the regressor
+    control) or a baseline trains under it. ``bridge_targets``: only those whose sequences need
+    bridge targets, which baselines do not (they read tokens). The one place that decides it, for
+    the plan, the target extraction and the check that the training split can feed every budget."""
+    sections = ["sweep.budget"] if sweep_size(config, num_layers) else []
+    if trains_matched_bridges(config) or (config.methods.baselines and not bridge_targets):
+        sections.append("budget")
+    return sections
+
+
+def target_budgets(config: SuiteConfig) -> list[Budget]:
     """The budgets whose training sequences need bridge targets: the sweep's, the matched one's."""
-    sections = ([config["sweep"]["budget"]] if sweep_size(config, None) else []) + \
-        ([config["budget"]] if trains_matched_bridges(config) else [])
-    return [Budget.from_dict(section) for section in sections]
+    return [Budget.from_dict(config.budget_table(section)) for section in budget_sections(config, bridge_targets=True)]
 
 
-def target_lengths(config: dict) -> list[int]:
+def target_lengths(config: SuiteConfig) -> list[int]:
     """Sequence lengths whose training split needs bridge targets (one extraction job each)."""
     return sorted({budget.seq_len for budget in target_budgets(config)})
 
 
-def method_names(config: dict) -> list[str]:
+def method_names(config: SuiteConfig) -> list[str]:
     """Every row of the methods table, in the order the runner makes them."""
-    methods = config["methods"]
-    return ([f"dihal-{role}" for role in methods["dihal"]] + [f"control-{name}" for name in methods["controls"]]
-            + [f"reference-{name}" for name in methods["references"]] + list(methods["baselines"]))
+    methods = config.methods
+    return ([f"dihal-{role}" for role in methods.dihal] + [f"control-{name}" for name in methods.controls]
+            + [f"reference-{name}" for name in methods.references] + list(methods.baselines))
 
 
 def method_stage(name: str) -> str:
@@ -116,16 +128,16 @@ def steps_label(steps: int) -> str:
     return f"DiHAL at K={steps} steps"
 
 
-def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
+def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]:
     """Every unit of work of one seed, in the order the runner does them. ``num_layers`` (the
     backbone's depth, when known) caps an automatic sweep at the layers there are."""
     n_sweep = sweep_size(config, num_layers)
     return [
         Unit("locate", "locate"),
-        *(Unit("targets", f"bridge targets T={length}") for length in target_lengths(config)),
+        *(Unit("targets", f"bridge targets T={length}", seq_len=length) for length in target_lengths(config)),
         *(Unit("sweep", f"sweep layer {i + 1}/{n_sweep}") for i in range(n_sweep)),
         *(Unit(method_stage(name), name) for name in method_names(config)),
-        *(Unit("steps", steps_label(k)) for k in config["bridge"]["steps_axis"]),
+        *(Unit("steps", steps_label(k)) for k in config.bridge.steps_axis),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
         *([Unit("latency", "latency")] if method_names(config) else []),  # a geometry-only suite has no methods
     ]
@@ -136,48 +148,48 @@ def seed_units(config: dict, num_layers: int | None = None) -> list[Unit]:
 ALL_WINDOWS_ESTIMATE = 160
 
 
-def eval_windows(sweep: dict) -> int:
-    return ALL_WINDOWS_ESTIMATE if sweep["eval_sequences"] == "all" else sweep["eval_sequences"]
+def eval_windows(sweep: SweepSettings) -> int:
+    return ALL_WINDOWS_ESTIMATE if sweep.eval_sequences == "all" else sweep.eval_sequences
 
 
-def unit_cost(unit: Unit, config: dict) -> tuple[str, int, int]:
+def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
     """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
-    locate, sweep, sampling = config["locate"], config["sweep"], config["sampling"]
-    budget = Budget.from_dict(config["budget"])
-    sweep_budget = Budget.from_dict(sweep["budget"])
-    samples = sampling["samples"] * sampling["seq_len"]
+    locate, sweep, sampling = config.locate, config.sweep, config.sampling
+    budget = Budget.from_dict(config.budget)
+    sweep_budget = Budget.from_dict(sweep.budget)
+    samples = sampling.samples * sampling.seq_len
     if unit.stage == "locate":
-        return f"N={locate['tokens']} tokens x all layers, {len(locate['proxies'])} proxies", locate["tokens"] * 2, 0
+        return f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", locate.tokens * 2, 0
     if unit.stage == "targets":
-        length = int(unit.label.rsplit("=", 1)[1])
+        length = unit.seq_len
         needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
         return "one forward pass over the training subset, stored", needed * length, 0
     if unit.stage == "sweep":
         return (f"{sweep_budget.steps} steps", eval_windows(sweep) * sweep_budget.seq_len * 3,
                 sweep_budget.steps * sweep_budget.tokens_per_step)
     if unit.stage == "dihal":
-        return f"{budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+        return f"{budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
     if unit.label == "control-skip":
-        return f"{sampling['samples']} samples, nothing trained", samples, 0
+        return f"{sampling.samples} samples, nothing trained", samples, 0
     if unit.stage == "controls":
-        return f"{budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+        return f"{budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
     if unit.stage == "references":
-        return f"{sampling['samples']} texts drawn, no model", 0, 0
+        return f"{sampling.samples} texts drawn, no model", 0, 0
     if unit.stage == "steps":
-        return (f"bridgeability + {sampling['samples']} samples + Gen.PPL",
+        return (f"bridgeability + {sampling.samples} samples + Gen.PPL",
                 eval_windows(sweep) * budget.seq_len * 3 + samples * 3, 0)
     if unit.stage == "baselines":
-        return f"up to {budget.steps} steps + {sampling['samples']} samples", samples, budget.steps * budget.tokens_per_step
+        return f"up to {budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
     if unit.stage == "metrics":
-        return f"{sampling['samples']} samples under the evaluator", samples * 2, 0
-    repeats = config["metrics"]["latency_repeats"]
+        return f"{sampling.samples} samples under the evaluator", samples * 2, 0
+    repeats = config.metrics.latency_repeats
     return f"{repeats} timed decodes per method", (repeats + 1) * len(method_names(config)) * samples, 0
 
 
-def format_plan(name: str, config: dict) -> str:
-    params = backbone_parameters(config["backbone"])
-    device = "cuda" if str(config["device"]).startswith("cuda") else "cpu"
-    bytes_per = BYTES.get(config["dtype"], 4)
+def format_plan(name: str, config: SuiteConfig) -> str:
+    params = backbone_parameters(config.backbone)
+    device = "cuda" if str(config.device).startswith("cuda") else "cpu"
+    bytes_per = BYTES.get(config.dtype, 4)
     rows, total = [], 0.0
     for unit in seed_units(config):
         detail, backbone_tokens, trained_tokens = unit_cost(unit, config)
@@ -189,17 +201,17 @@ def format_plan(name: str, config: dict) -> str:
             seconds = flops / THROUGHPUT[device]
             total += seconds
         rows.append([unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)])
-    seeds = len(config["seeds"])
-    lines = [f"suite {name}: {config['description']}", "", "resolved config:",
-             json.dumps(config, indent=2), "",
-             f"jobs per seed ({seeds} seed{'s' if seeds > 1 else ''}: {config['seeds']}):",
+    seeds = len(config.seeds)
+    lines = [f"suite {name}: {config.description}", "", "resolved config:",
+             json.dumps(config.to_dict(), indent=2), "",
+             f"jobs per seed ({seeds} seed{'s' if seeds > 1 else ''}: {list(config.seeds)}):",
              tabulate(rows, headers=["unit", "what", "backbone tokens", "trained tokens", "est. time"])]
     if params:
         lines.append(f"total: {_duration(total)} per seed, {_duration(total * seeds)} for {seeds} seed(s)")
     if params:
         weights = params * bytes_per
         lines.append(f"\nmemory: backbone weights {weights / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters, "
-                     f"{config['dtype']}); bridge training targets add n_train x T x d x 4 bytes per swept layer "
+                     f"{config.dtype}); bridge training targets add n_train x T x d x 4 bytes per swept layer "
                      f"on the host")
         lines.append(f"time: FLOPs / {THROUGHPUT[device]:.1e} FLOP/s assumed sustained on {device}; "
                      "order-of-magnitude only")

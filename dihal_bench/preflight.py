@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
+from dihal_bench.suite_config import SuiteConfig
 
 
 def check_device(device: str, key: str = "device", *, here: bool = True) -> None:
@@ -103,19 +104,19 @@ def check_registered(kind: str, names, key: str) -> None:
             raise DihalError(f"{key}: {exc}") from None
 
 
-def check_suite(config: dict, *, folders: dict[str, Path] | None = None, here: bool = True) -> None:
+def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, here: bool = True) -> None:
     """Everything about a resolved suite (see :func:`dihal_bench.suite.check_values` for its values)
     that can be known without loading a model; ``folders`` maps a description to a folder that
     must be writable (the job store, the results folder). ``here=False`` (a dry-run planning for
     another machine) does not ask whether this machine has the suite's device."""
-    for key in ("backbone", "evaluator"):
-        check_backbone_name(config[key], key)
-    check_corpus_name(config["corpus"])
-    check_device(config["device"], here=here)
-    check_dtype(config["dtype"])
-    check_registered("proxy", config["locate"]["proxies"], "locate.proxies")
-    check_registered("bridge", [config["bridge"]["name"]], "bridge.name")
-    check_registered("baseline", config["methods"]["baselines"], "methods.baselines")
-    check_registered("metric", config["metrics"]["names"], "metrics.names")
+    check_backbone_name(config.backbone, "backbone")
+    check_backbone_name(config.evaluator, "evaluator")
+    check_corpus_name(config.corpus)
+    check_device(config.device, here=here)
+    check_dtype(config.dtype)
+    check_registered("proxy", config.locate.proxies, "locate.proxies")
+    check_registered("bridge", [config.bridge.name], "bridge.name")
+    check_registered("baseline", config.methods.baselines, "methods.baselines")
+    check_registered("metric", config.metrics.names, "metrics.names")
     for what, folder in (folders or {}).items():
         check_writable(folder, what)

@@ -7,25 +7,28 @@ train``) go through these functions, so a suite means the same protocol everywhe
 
 from __future__ import annotations
 
+import copy
+
 from dihal_bench.bridge_training import BridgeSpec
 from dihal_bench.budget import Budget
+from dihal_bench.suite_config import SuiteConfig
 
 
-def section_budget(config: dict, section: str, seed: int) -> Budget:
+def section_budget(config: SuiteConfig, section: str, seed: int) -> Budget:
     """The Budget of ``section`` ("budget" or "sweep.budget") of a resolved suite, for ``seed``."""
-    table = config["budget"] if section == "budget" else config["sweep"]["budget"]
-    return Budget.from_dict({**table, "seed": seed}, section=section)
+    return Budget.from_dict({**config.budget_table(section), "seed": seed}, section=section)
 
 
-def bridge_spec(config: dict, section: str, seed: int) -> BridgeSpec:
+def bridge_spec(config: SuiteConfig, section: str, seed: int) -> BridgeSpec:
     """The suite's bridge (name, options, sampling) trained under the budget of ``section``."""
-    bridge = config["bridge"]
-    return BridgeSpec(name=bridge["name"], options=dict(bridge["options"]),
+    bridge = config.bridge
+    # the options as a plain dict: they go into job specs, which are hashed as JSON
+    return BridgeSpec(name=bridge.name, options=copy.deepcopy(dict(bridge.options)),
                       budget=section_budget(config, section, seed),
-                      sample_steps=bridge["sample_steps"], sink_passthrough=bridge["sink_passthrough"])
+                      sample_steps=bridge.sample_steps, sink_passthrough=bridge.sink_passthrough)
 
 
-def matched_budget(config: dict, seed: int, width: int) -> Budget:
+def matched_budget(config: SuiteConfig, seed: int, width: int) -> Budget:
     """The one budget every method trains under: the suite's ``budget`` whose parameter
     allowance, unless the suite sets one, is the size of the suite's DiHAL bridge at ``width``."""
     budget = section_budget(config, "budget", seed)

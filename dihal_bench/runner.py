@@ -46,9 +46,9 @@ from dihal_bench.metrics import MetricContext, SampleSet
 from dihal_bench.plan import (
     Unit,
     auto_sweep_layers,
+    budget_sections,
     seed_units,
     steps_label,
-    trains_matched_bridges,
 )
 from dihal_bench.plugins import get_registry
 from dihal_bench.preflight import check_suite
@@ -64,13 +64,14 @@ from dihal_bench.records import (
 )
 from dihal_bench.references import held_out_windows, unigram_samples
 from dihal_bench.sampling import special_ids
+from dihal_bench.suite_config import SuiteConfig
 from dihal_bench.sweep import check_layers, layer_correlations
 
 
 class Run:
     """One suite run: the resolved config, the job store, and lazily loaded models and data."""
 
-    def __init__(self, suite: str, config: dict, out_root: Path, progress: bool = True):
+    def __init__(self, suite: str, config: SuiteConfig, out_root: Path, progress: bool = True):
         self.suite, self.config, self.progress = suite, config, progress
         self.store = JobStore(Path(out_root) / suite / "jobs")
         self.timings: dict[str, float] = {}
@@ -83,27 +84,27 @@ class Run:
     # -- lazily loaded, shared by the jobs that need them ---------------------------------------
     @cached_property
     def backbone(self) -> Backbone:
-        return load_backbone(self.config["backbone"], **self._load_options())
+        return load_backbone(self.config.backbone, **self._load_options())
 
     @cached_property
     def evaluator(self) -> Backbone:
-        if self.config["evaluator"] == self.config["backbone"]:
+        if self.config.evaluator == self.config.backbone:
             return self.backbone
-        return load_backbone(self.config["evaluator"], **self._load_options())
+        return load_backbone(self.config.evaluator, **self._load_options())
 
     @cached_property
     def corpus(self):
-        return load_corpus(self.config["corpus"])
+        return load_corpus(self.config.corpus)
 
     def _load_options(self) -> dict:
-        options = {"device": self.config["device"], "dtype": self.config["dtype"]}
-        if self.config["device_map"]:
-            options["device_map"] = self.config["device_map"]
+        options = {"device": self.config.device, "dtype": self.config.dtype}
+        if self.config.device_map:
+            options["device_map"] = self.config.device_map
         return options
 
     def identity(self) -> dict:
         """What every job depends on: the data and the backbone."""
-        return {"backbone": self.config["backbone"], "corpus": self.config["corpus"]}
+        return {"backbone": self.config.backbone, "corpus": self.config.corpus}
 
     def timed(self, label: str, fn, *args, **kwargs):
         """Run the plan's next unit of work (which must be ``label``), adding its wall time to its
@@ -126,11 +127,9 @@ class Run:
     def check_inputs(self) -> None:
         """What can only be checked with the backbone and corpus loaded, before any job runs:
         explicit sweep layers exist and the training split can feed every budget."""
-        if self.config["sweep"]["layers"] != "auto":
-            check_layers(self.backbone, self.config["sweep"]["layers"])
-        sections = ["sweep.budget"] + (["budget"] if self.config["methods"]["baselines"]
-                                       or trains_matched_bridges(self.config) else [])
-        for section in sections:
+        if self.config.sweep.layers != "auto":
+            check_layers(self.backbone, list(self.config.sweep.layers))
+        for section in budget_sections(self.config, self.backbone.num_layers):
             budget = section_budget(self.config, section, seed=0)
             budget.check_fits(len(packed_split(self.backbone, self.corpus, "train", budget.seq_len)))
 
@@ -178,7 +177,7 @@ class Run:
         cache = self._valid_states
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
-            count = self.config["sweep"]["eval_sequences"]
+            count = self.config.sweep.eval_sequences
             cache[seq_len] = with_states(self.backbone, validation_subset(sequences, count), layers, self.progress)
         return cache[seq_len]
 
@@ -195,8 +194,8 @@ class Run:
         return self.held_out_texts("test", n, seq_len, seed)[0]
 
 
-def run_suite(suite: str, config: dict, *, out_root: Path = Path("runs"), results_dir: Path = Path("runs/results"),
-              progress: bool = True) -> Path:
+def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
+              results_dir: Path = Path("runs/results"), progress: bool = True) -> Path:
     """Run every stage for every seed and write the run record; returns its path."""
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)})
     run = Run(suite, config, out_root, progress)
@@ -204,28 +203,29 @@ def run_suite(suite: str, config: dict, *, out_root: Path = Path("runs"), result
     with run.store.lock():
         started = time.perf_counter()
         per_seed = []
-        for seed in tqdm(config["seeds"], desc=f"suite {suite}", unit="seed",
-                         disable=not progress or len(config["seeds"]) < 2):
+        for seed in tqdm(config.seeds, desc=f"suite {suite}", unit="seed",
+                         disable=not progress or len(config.seeds) < 2):
             per_seed.append(run_seed(run, seed))
         record = {
             "format": RECORD_FORMAT,
             "suite": suite,
-            "backbone": config["backbone"],
-            "corpus": config["corpus"],
-            "evaluator": config["evaluator"],
-            "seeds": list(config["seeds"]),
-            "config": config,
+            "backbone": config.backbone,
+            "corpus": config.corpus,
+            "evaluator": config.evaluator,
+            "seeds": list(config.seeds),
+            "config": config.to_dict(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "environment": environment(),
             "timings": {**run.timings, "total_seconds": time.perf_counter() - started},
-            "jobs": str(run.store.root),
+            # relative to the working directory, as the schema says and lm_eval.record reads it
+            "jobs": os.path.relpath(run.store.root),
             "metrics": {name: metric_description(get_registry().get("metric", name)) for name in metric_names(config)},
             "per_seed": per_seed,
         }
         problem = record_problem(json.loads(json.dumps(record, default=str)))
         if problem:  # a bug, not bad input: the record this code writes must follow its schema
             raise AssertionError(f"the run record does not follow its schema: {problem}")
-        path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config['backbone'])}")
+        path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
         write_json_atomic(path, record)
     return path
 
@@ -264,42 +264,41 @@ WARM_UP_TOKENS = 8
 EXAMPLES = 5
 
 
-def eval_identity(config: dict) -> dict:
+def eval_identity(config: SuiteConfig) -> dict:
     """What the validation measurements of a bridge job depend on: how many windows, which ones."""
-    return {"eval_sequences": config["sweep"]["eval_sequences"], "eval_subset": "seeded"}
+    return {"eval_sequences": config.sweep.eval_sequences, "eval_subset": "seeded"}
 
 
-def metric_names(config: dict) -> list[str]:
-    return [m for m in config["metrics"]["names"] if m != "mauve" or config["metrics"]["mauve"]]
+def metric_names(config: SuiteConfig) -> list[str]:
+    return [m for m in config.metrics.names if m != "mauve" or config.metrics.mauve]
 
 
 def run_seed(run: Run, seed: int) -> dict:
     config = run.config
-    explicit = config["sweep"]["layers"]
+    explicit = config.sweep.layers
     run.units, run.done = seed_units(config, run.backbone.num_layers), []
     run.bar = tqdm(total=len(run.units), desc=f"{run.suite} seed {seed}", unit="unit", disable=not run.progress)
     # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
-    settings = config["locate"]
-    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **settings, "seed": seed,
+    settings = config.locate
+    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **settings.to_dict(), "seed": seed,
                                                             "sampler": "fewest-sequences"},
                         lambda _: locate(run.backbone, run.corpus, LocateConfig(
-                            tokens=settings["tokens"], seq_len=settings["seq_len"], seed=seed,
-                            proxies=tuple(settings["proxies"]), preprocessing=settings["preprocessing"],
-                            variants=tuple(settings["variants"]), drop_top=settings["drop_top"]), run.progress))
+                            tokens=settings.tokens, seq_len=settings.seq_len, seed=seed,
+                            proxies=settings.proxies, preprocessing=settings.preprocessing,
+                            variants=settings.variants, drop_top=settings.drop_top), run.progress))
     score = dict(zip(located["layers"], located["score"]))
     chosen = located["chosen_layer"]
     worst = min(located["layers"], key=lambda layer: (score[layer], layer))
     # every DiHAL role's layer has a sweep row: ℓ* and the worst-scored layer join an automatic sweep
-    layers = explicit if explicit != "auto" else auto_sweep_layers(run.backbone.num_layers, {chosen, worst},
-                                                                   config["sweep"]["count"])
+    layers = list(explicit) if explicit != "auto" else auto_sweep_layers(run.backbone.num_layers, {chosen, worst},
+                                                                         config.sweep.count)
     sweep_spec = bridge_spec(config, "sweep.budget", seed)
     budget = matched_budget(config, seed, run.backbone.width)
     spec = bridge_spec(config, "budget", seed)
     data_layers = sorted({*layers, chosen, worst})
-    target_budgets = [sweep_spec.budget] if layers else []
-    if trains_matched_bridges(config):
-        target_budgets.append(spec.budget)
-    run.extract_targets(seed, data_layers, target_budgets)
+    by_section = {"sweep.budget": sweep_spec.budget, "budget": spec.budget}
+    needed = budget_sections(config, run.backbone.num_layers, bridge_targets=True)
+    run.extract_targets(seed, data_layers, [by_section[section] for section in needed])
     sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
                   for i, layer in enumerate(layers)]
     correlations = {target: layer_correlations(located, sweep_rows, seed, target) for target in CORRELATION_TARGETS}
@@ -310,30 +309,30 @@ def run_seed(run: Run, seed: int) -> dict:
         "oracle": min(sweep_rows, key=lambda row: (row["bridge_mse"], row["layer"]))["layer"] if sweep_rows else chosen,
     }
     methods = {}
-    for role in config["methods"]["dihal"]:
+    for role in config.methods.dihal:
         methods[f"dihal-{role}"] = run.timed(f"dihal-{role}", dihal_method, run, spec, budget, roles[role], seed,
                                              data_layers)
-    for name in config["methods"]["controls"]:
+    for name in config.methods.controls:
         methods[f"control-{name}"] = run.timed(f"control-{name}", control_method, run, name, spec, budget, chosen,
                                                seed, data_layers)
-    for name in config["methods"]["references"]:
+    for name in config.methods.references:
         methods[f"reference-{name}"] = run.timed(f"reference-{name}", reference_method, run, name, budget, seed)
-    for name in config["methods"]["baselines"]:
+    for name in config.methods.baselines:
         methods[name] = run.timed(name, baseline_method, run, name, budget, seed)
     steps_axis = [run.timed(steps_label(k), steps_point, run, methods["dihal-chosen"], spec, k, seed, data_layers)
-                  for k in config["bridge"]["steps_axis"]]
+                  for k in config.bridge.steps_axis]
 
-    references = run.reference_texts(config["sampling"]["samples"], config["sampling"]["seq_len"], seed)
+    references = run.reference_texts(config.sampling.samples, config.sampling.seq_len, seed)
     for name, method in methods.items():
         method["metrics"] = run.timed(f"metrics {name}", run.store.run, "metrics",
-                                      {"samples": method["samples_job"], "evaluator": config["evaluator"],
+                                      {"samples": method["samples_job"], "evaluator": config.evaluator,
                                        "metrics": metric_names(config), "seed": seed,
                                        "references": "seeded test windows",
-                                       **{k: config["metrics"][k] for k in METRIC_CONTEXT_KEYS}},
+                                       **{k: getattr(config.metrics, k) for k in METRIC_CONTEXT_KEYS}},
                                       lambda _, m=method, n=name: compute_metrics(run, n, m, references, seed))
     latency = {} if not methods else run.timed("latency", run.store.run, "latency",
                         {**run.identity(), "methods": {n: m["samples_job"] for n, m in methods.items()},
-                         "repeats": config["metrics"]["latency_repeats"], "seed": seed, "protocol": "interleaved"},
+                         "repeats": config.metrics.latency_repeats, "seed": seed, "protocol": "interleaved"},
                         lambda _: measure_latency(run, methods, roles, spec, budget, seed))
     for name, method in methods.items():
         method["latency"] = latency.get(name)
@@ -386,19 +385,19 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
                 "checkpoint": run.store.relative(folder / "bridge")}
 
     trained = run.store.run("dihal-train", train_job, train_work)
-    sampling = config["sampling"]
+    sampling = config.sampling
 
     def sample_work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(trained["checkpoint"]), run.backbone, layer=layer)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough,
                           steps=spec.sample_steps)
-        ids = hybrid.generate(sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"],
-                              top_p=sampling["top_p"], seed=seed, batch_size=sampling["batch_size"],
+        ids = hybrid.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
+                              top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size,
                               progress=run.progress)
         return write_samples(run, folder, ids)
 
-    sample_job = {"train": train_job, **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")},
-                  "seed": seed}
+    sample_job = {"train": train_job,
+                  **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": kind, "layer": layer, "in_budget": True, "train": trained, "bridge": spec.name,
             "sample_steps": spec.sample_steps, "parameters": {"bridge": trained["parameters"]}, "samples": samples,
@@ -413,16 +412,16 @@ def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer:
     if name == "regressor":
         regressor = dataclasses.replace(spec, name=REGRESSOR_BRIDGE, options=dict(spec.options), sample_steps=None)
         return dihal_method(run, regressor, budget, layer, seed, data_layers, kind="control")
-    sampling = run.config["sampling"]
+    sampling = run.config.sampling
 
     def sample_work(folder: Path) -> dict:
         ids = skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough).generate(
-            sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"], top_p=sampling["top_p"],
-            seed=seed, batch_size=sampling["batch_size"], progress=run.progress)
+            sampling.samples, sampling.seq_len, temperature=sampling.temperature, top_p=sampling.top_p,
+            seed=seed, batch_size=sampling.batch_size, progress=run.progress)
         return write_samples(run, folder, ids)
 
     sample_job = {**run.identity(), "control": name, "layer": layer, "sink_passthrough": spec.sink_passthrough,
-                  **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
+                  **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": "control", "layer": layer, "in_budget": False, "parameters": {}, "samples": samples,
             "samples_job": _hash("samples", sample_job)}
@@ -432,8 +431,8 @@ def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     """A reference row that trains nothing (docs/method.md#references). ``unigram``: i.i.d.
     draws from the training split's unigram distribution, special tokens never drawn (the
     floor). ``human``: held-out validation windows (the ceiling), scored as if generated."""
-    sampling = run.config["sampling"]
-    count, length = sampling["samples"], sampling["seq_len"]
+    sampling = run.config.sampling
+    count, length = sampling.samples, sampling.seq_len
 
     def work(folder: Path) -> dict:
         if name == "unigram":
@@ -455,18 +454,18 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
     PPL on the validation windows, and the Gen.PPL of samples drawn with that K."""
     layer, config = method["layer"], run.config
     at_steps = dataclasses.replace(spec, sample_steps=steps)
-    sampling = config["sampling"]
+    sampling = config.sampling
     job = {"train": method["train_job"], "steps": steps, **eval_identity(config),
-           **{k: sampling[k] for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed,
-           "evaluator": config["evaluator"], "max_length": config["metrics"]["max_length"]}
+           **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed,
+           "evaluator": config.evaluator, "max_length": config.metrics.max_length}
 
     def work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
         valid = run.valid_states(spec.budget.seq_len, data_layers)
         quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=steps)
-        ids = hybrid.generate(sampling["samples"], sampling["seq_len"], temperature=sampling["temperature"],
-                              top_p=sampling["top_p"], seed=seed, batch_size=sampling["batch_size"],
+        ids = hybrid.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
+                              top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size,
                               progress=run.progress)
         texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
         scored = compute_named_metrics(run, f"DiHAL K={steps}", SampleSet(method=f"K={steps}", texts=texts,
@@ -479,8 +478,7 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
 
 
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
-    config = run.config
-    sampling = config["sampling"]
+    sampling = run.config.sampling
     cls = get_registry().get("baseline", name).obj
     options = baseline_options(run, name)
     # options that only shape sampling are in the sample job, so that changing them re-samples
@@ -507,11 +505,11 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     def sample_work(folder: Path) -> dict:
         baseline = build()
         baseline.load(run.store.resolve(trained["model_dir"]))
-        ids = baseline.sample(sampling["samples"], sampling["seq_len"], seed, batch_size=sampling["batch_size"],
+        ids = baseline.sample(sampling.samples, sampling.seq_len, seed, batch_size=sampling.batch_size,
                               progress=run.progress)
         return write_samples(run, folder, ids)
 
-    sample_job = {"train": train_job, **{k: sampling[k] for k in ("samples", "seq_len")}, "seed": seed,
+    sample_job = {"train": train_job, "samples": sampling.samples, "seq_len": sampling.seq_len, "seed": seed,
                   "options": {k: v for k, v in options.items() if k in sampling_only}}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
@@ -541,7 +539,7 @@ def compute_named_metrics(run: Run, name: str, samples: SampleSet, references: l
     """``metrics`` of one method's samples, each value under the metric's name and its side
     values prefixed with it."""
     context = MetricContext(evaluator=run.evaluator, references=references, seed=seed,
-                            **{key: run.config["metrics"][key] for key in METRIC_CONTEXT_KEYS})
+                            **{key: getattr(run.config.metrics, key) for key in METRIC_CONTEXT_KEYS})
     values = {}
     registry = get_registry()
     for metric in metrics:
@@ -569,9 +567,9 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
     round) so that a slow spell of a shared machine falls on all methods alike; the figure is
     the median over rounds. The reference is the method whose baseline is the intact backbone,
     or the backbone measured the same way when the suite has no such method."""
-    sampling = run.config["sampling"]
-    repeats = run.config["metrics"]["latency_repeats"]
-    length, batch = sampling["seq_len"], sampling["batch_size"]
+    sampling = run.config.sampling
+    repeats = run.config.metrics.latency_repeats
+    length, batch = sampling.seq_len, sampling.batch_size
     sizes = sorted({1, batch})
     registry = get_registry()
     timed, reference = {}, None
@@ -623,9 +621,9 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
 def baseline_options(run: Run, name: str) -> dict:
     """The suite's sampling settings a baseline takes: ``sampling.diffusion_steps`` for its
     diffusion steps option, ``sampling.temperature`` and ``top_p`` for its token sampler."""
-    cls, sampling = get_registry().get("baseline", name).obj, run.config["sampling"]
-    steps = {cls.steps_option: sampling["diffusion_steps"]} if cls.steps_option else {}
-    return {**steps, **{option: sampling[option] for option in cls.token_sampling_options}}
+    cls, sampling = get_registry().get("baseline", name).obj, run.config.sampling
+    steps = {cls.steps_option: sampling.diffusion_steps} if cls.steps_option else {}
+    return {**steps, **{option: getattr(sampling, option) for option in cls.token_sampling_options}}
 
 
 def _hash(kind: str, spec: dict) -> str:

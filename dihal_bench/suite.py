@@ -4,7 +4,9 @@ Every key a suite may set appears in DEFAULTS and every one of them is read by t
 typo in a suite file or in ``--set`` is an error that names the key, never a silently ignored
 setting. :func:`check_values` checks every value's type and range before any work starts; the
 names in a suite (backbone, corpus, plugins) are checked against the registry by
-:func:`dihal_bench.preflight.check_suite`.
+:func:`dihal_bench.preflight.check_suite`. What :func:`resolve_suite`, :func:`load_suite_file` and
+:func:`apply_overrides` return is the checked dict as a typed, frozen
+:class:`~dihal_bench.suite_config.SuiteConfig`; its ``to_dict()`` is the dict again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
+from dihal_bench.suite_config import SuiteConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,16 +97,16 @@ def _merge(base: dict, update: dict, where: tuple[str, ...], source: str) -> dic
     return merged
 
 
-def load_suite_file(path: Path) -> dict:
+def load_suite_file(path: Path) -> SuiteConfig:
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DihalError(f"cannot read suite file {path}: {reason}") from None
-    return check_values(_merge(DEFAULTS, data, (), str(path)), str(path))
+    return SuiteConfig.from_checked(check_values(_merge(DEFAULTS, data, (), str(path)), str(path)))
 
 
-def resolve_suite(name_or_path: str) -> tuple[str, dict]:
+def resolve_suite(name_or_path: str) -> tuple[str, SuiteConfig]:
     """A registered suite name or a path to a suite TOML file -> (name, config)."""
     from dihal_bench.plugins import get_registry
 
@@ -124,8 +127,9 @@ def parse_value(text: str):
         return text
 
 
-def apply_overrides(config: dict, assignments: dict[str, str]) -> dict:
-    """``{"budget.steps": "100", "sampling.samples": "8"}`` applied to a resolved suite."""
+def apply_overrides(config: SuiteConfig, assignments: dict[str, str]) -> SuiteConfig:
+    """``{"budget.steps": "100", "sampling.samples": "8"}`` applied to a resolved suite (a new one:
+    ``config`` is frozen)."""
     update: dict = {}
     for dotted, text in assignments.items():
         node = update
@@ -137,7 +141,7 @@ def apply_overrides(config: dict, assignments: dict[str, str]) -> dict:
             if not isinstance(node, dict):
                 raise DihalError(f"--set {dotted!r}: {part} is set twice, as a value and as a table")
         node[leaf] = parse_value(text)
-    return check_values(_merge(config, update, (), "--set"), "--set")
+    return SuiteConfig.from_checked(check_values(_merge(config.to_dict(), update, (), "--set"), "--set"))
 
 
 # -- value checks: one rule per key, so every value is checked before any job runs ------------

@@ -26,8 +26,8 @@ from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
 def test_builtin_suites_resolve_with_every_key_known():
     for name in ("smoke", "diagnostic", "paper", "geometry-gemma"):
         resolved_name, config = resolve_suite(name)
-        assert resolved_name == name and config["description"]
-    assert resolve_suite("paper")[1]["dtype"] == "bfloat16"
+        assert resolved_name == name and config.description
+    assert resolve_suite("paper")[1].dtype == "bfloat16"
 
 
 def test_a_geometry_only_suite_plans_locate_and_the_sweep_on_the_sweeps_targets_alone():
@@ -38,7 +38,7 @@ def test_a_geometry_only_suite_plans_locate_and_the_sweep_on_the_sweeps_targets_
     units = seed_units(config, num_layers=18)
     assert [unit.stage for unit in units] == ["locate", "targets", *["sweep"] * 12]  # no methods, no latency
     # the matched budget trains nothing here, so its (larger) training subset is not extracted
-    assert target_budgets(config) == [Budget.from_dict(config["sweep"]["budget"])]
+    assert target_budgets(config) == [Budget.from_dict(config.sweep.budget)]
     _, diagnostic = resolve_suite("diagnostic")
     assert len(target_budgets(diagnostic)) == 2
 
@@ -47,9 +47,9 @@ def test_overrides_are_typed_and_unknown_keys_are_refused():
     _, config = resolve_suite("smoke")
     changed = apply_overrides(config, {"budget.steps": "12", "sampling.temperature": "0.5",
                                        "sweep.layers": "[2, 4]", "evaluator": "gemma3-270m"})
-    assert changed["budget"]["steps"] == 12 and changed["sampling"]["temperature"] == 0.5
-    assert changed["sweep"]["layers"] == [2, 4] and changed["evaluator"] == "gemma3-270m"
-    assert config["budget"]["steps"] != 12  # the resolved suite itself is untouched
+    assert changed.budget["steps"] == 12 and changed.sampling.temperature == 0.5
+    assert changed.sweep.layers == (2, 4) and changed.evaluator == "gemma3-270m"
+    assert config.budget["steps"] != 12  # the resolved suite itself is untouched
     with pytest.raises(DihalError, match="unknown suite key 'sampling.temprature'"):
         apply_overrides(config, {"sampling.temprature": "0.5"})
     with pytest.raises(DihalError, match="unknown suite 'nope'"):
@@ -280,6 +280,14 @@ def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninte
     dry = run_cli("run", "--suite", str(tiny_suite), "--dry-run")
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert all(label in dry.stdout for label in planned)
+
+
+def test_the_record_names_its_job_store_relative_to_where_the_run_was_started(uninterrupted_record):
+    # the run was given an absolute --out; lm_eval.record resolves "jobs" against the working directory
+    jobs = Path(uninterrupted_record["jobs"])
+    assert not jobs.is_absolute() and jobs.parts[-2:] == ("tiny", "jobs")
+    checkpoint = uninterrupted_record["per_seed"][0]["methods"]["dihal-chosen"]["train"]["checkpoint"]
+    assert (Path.cwd() / jobs / checkpoint).is_dir()
 
 
 def test_run_bad_input_is_one_line(tiny_suite, tmp_path):

@@ -12,6 +12,7 @@ from dihal_bench.errors import DihalError
 
 
 def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
+    """``--suite`` with the command line's overrides applied: (name, SuiteConfig)."""
     from dihal_bench.suite import apply_overrides, resolve_suite
 
     name, config = resolve_suite(suite)

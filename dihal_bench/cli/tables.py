@@ -40,7 +40,7 @@ def leaderboard(results_dir, formats, out_dir):
 @click.option("--model-args", help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N]")
 @click.option("--record", "record_path", type=click.Path(dir_okay=False, exists=True),
               help="Instead of --model-args: evaluate METHOD of this run record and add the results to it.")
-@click.option("--method", help="With --record: ar-backbone or a dihal-* method.")
+@click.option("--method", help="With --record: the intact-backbone baseline's name or a dihal-* method.")
 @click.option("--seed", type=SEED, help="With --record: which seed's model (default: the first).")
 @click.option("--tasks", default="dihal-local", show_default=True,
               help="Comma-separated lm-eval tasks; dihal-local = rolling perplexity on the corpus's test split.")
@@ -56,7 +56,8 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         raise DihalError("give either --model-args or --record with --method")
     if record_path:
         if not method:
-            raise DihalError("--record needs --method (ar-backbone or dihal-chosen, dihal-worst, dihal-oracle)")
+            raise DihalError("--record needs --method: the record's intact-backbone baseline, or dihal-chosen, "
+                             "dihal-worst or dihal-oracle")
         from dihal_bench.records import load_record
 
         record = load_record(Path(record_path))

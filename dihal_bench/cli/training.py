@@ -175,7 +175,7 @@ def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, promp
 
 @cli.group(cls=CommandGroup)
 def baseline():
-    """Train and sample the baselines (diffusion-lm, sed, ld4lg, codar, ar-backbone)."""
+    """Train and sample a registered baseline (`dihal-bench plugins` lists them)."""
 
 
 @baseline.command("train")

@@ -1,0 +1,242 @@
+"""The resolved suite as typed, frozen settings (dihal_bench.suite_config): it mirrors DEFAULTS key
+for key, and gives back exactly the dict the checks produce, so that no job hash and no stored
+record changes with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dihal_bench import runner
+from dihal_bench.errors import DihalError
+from dihal_bench.jobs import spec_hash
+from dihal_bench.plan import budget_sections, seed_units, target_budgets
+from dihal_bench.protocol import bridge_spec, matched_budget
+from dihal_bench.suite import (
+    DEFAULTS,
+    OPEN_SECTIONS,
+    _merge,
+    apply_overrides,
+    check_values,
+    parse_value,
+    resolve_suite,
+    tomllib,
+)
+from dihal_bench.suite_config import SuiteConfig, _Table
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ROOT / "plugins" / "dihal_builtin" / "suites"
+BUILTIN_SUITES = sorted(SUITES.glob("*.toml"))
+RECORDS = sorted((ROOT / "results").glob("*.json"))
+DIAGNOSTIC_RECORD = ROOT / "results" / "diagnostic-smollm2-135m-20261201T232857Z.json"
+#: SmolLM2-135M's hidden size: the width the committed diagnostic record's bridges were sized at
+SMOLLM2_WIDTH = 576
+
+
+def dict_path(path: Path) -> dict:
+    """A suite file resolved the way it was before the typed config: merged over DEFAULTS, checked."""
+    return check_values(_merge(DEFAULTS, tomllib.loads(path.read_text()), (), str(path)), str(path))
+
+
+def same(a, b) -> bool:
+    """Equal with the same types all the way down (1 is not 1.0, a list is not a tuple) and the
+    same key order, which is what the record's JSON and the job hashes see."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[key], b[key]) for key in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+# --- the dataclasses mirror DEFAULTS -----------------------------------------------------------
+
+
+def test_every_field_is_a_key_of_defaults_and_every_key_a_field_in_the_same_order():
+    def compare(cls: type, defaults: dict, where: tuple[str, ...]) -> None:
+        hints = typing.get_type_hints(cls)
+        assert [field.name for field in dataclasses.fields(cls)] == list(defaults), ".".join(where) or "top level"
+        for name, default in defaults.items():
+            if (*where, name) in OPEN_SECTIONS:  # free-form: a read-only mapping, not a table
+                assert typing.get_origin(hints[name]) is Mapping, (*where, name)
+            elif isinstance(default, dict):
+                assert isinstance(hints[name], type) and issubclass(hints[name], _Table), (*where, name)
+                compare(hints[name], default, (*where, name))
+            else:
+                assert not (isinstance(hints[name], type) and issubclass(hints[name], _Table)), (*where, name)
+
+    compare(SuiteConfig, DEFAULTS, ())
+
+
+def test_the_defaults_round_trip_and_every_table_is_frozen():
+    config = SuiteConfig.from_checked(check_values(DEFAULTS))
+    assert same(config.to_dict(), check_values(DEFAULTS))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.sampling.seq_len = 3
+    with pytest.raises(TypeError):
+        config.budget["steps"] = 3  # the free-form tables are read-only mappings
+    with pytest.raises(TypeError):
+        config.bridge.options["d_model"] = 3
+    assert isinstance(config.seeds, tuple) and isinstance(config.locate.proxies, tuple)
+    given = config.to_dict()
+    given["sampling"]["seq_len"], given["budget"]["steps"] = 3, 3
+    assert config.sampling.seq_len == DEFAULTS["sampling"]["seq_len"] and "steps" not in config.budget
+
+
+def test_a_dict_that_is_not_a_checked_suite_is_refused():
+    checked = check_values(DEFAULTS)
+    with pytest.raises(DihalError, match=r"sampling\.temprature"):
+        SuiteConfig.from_checked({**checked, "sampling": {**checked["sampling"], "temprature": 1.0}})
+    with pytest.raises(DihalError, match="metrics"):
+        SuiteConfig.from_checked({key: value for key, value in checked.items() if key != "metrics"})
+
+
+# --- the dict is exactly the one the checks produce --------------------------------------------
+
+
+@pytest.mark.parametrize("path", BUILTIN_SUITES, ids=lambda path: path.stem)
+def test_every_builtin_suite_round_trips_to_the_checked_dict(path):
+    expected = dict_path(path)
+    _, config = resolve_suite(path.stem)
+    assert same(config.to_dict(), expected)
+    assert json.dumps(config.to_dict()) == json.dumps(expected)
+    assert same(SuiteConfig.from_checked(config.to_dict()).to_dict(), expected)
+    assert SuiteConfig.from_checked(expected) == config
+
+
+def test_overrides_give_the_dict_the_checks_give():
+    sets = {"budget.steps": "1e2", "budget.param_allowance": "none", "sampling.temperature": "1",
+            "sweep.layers": "[4, 2, 4]", "sweep.eval_sequences": '"all"', "bridge.options.d_model": "64",
+            "seeds": "[3, 1]", "methods.baselines": '["sed"]'}
+    _, config = resolve_suite("smoke")
+    update: dict = {}
+    for dotted, text in sets.items():
+        *parents, leaf = dotted.split(".")
+        node = update
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = parse_value(text)
+    expected = check_values(_merge(dict_path(SUITES / "smoke.toml"), update, (), "--set"), "--set")
+    changed = apply_overrides(config, sets)
+    assert same(changed.to_dict(), expected)
+    assert changed.sweep.layers == (2, 4) and changed.sampling.temperature == 1.0 and changed.budget["steps"] == 100
+
+
+@pytest.mark.parametrize("path", RECORDS, ids=lambda path: path.stem)
+def test_the_committed_records_configs_round_trip(path):
+    stored = json.loads(path.read_text())["config"]
+    assert json.dumps(SuiteConfig.from_checked(check_values(stored)).to_dict()) == json.dumps(stored)
+
+
+# --- job hashes are unchanged ------------------------------------------------------------------
+
+
+class RecordingStore:
+    """A job store that runs nothing: it notes each job's key and hands back a stand-in result."""
+
+    def __init__(self):
+        self.keys: list[tuple[str, str]] = []
+
+    def run(self, kind: str, spec: dict, work) -> dict:
+        self.keys.append((kind, spec_hash(kind, spec)))
+        if kind == "locate":  # ℓ* = 3, the worst-scored layer the deepest
+            return {"layers": list(range(1, 30)), "score": [-abs(layer - 3) for layer in range(1, 30)],
+                    "chosen_layer": 3}
+        return {"layer": spec.get("layer"), "bridge_mse": float(spec.get("layer") or 0), "checkpoint": "bridge",
+                "in_budget": True, "parameters": {"part": 1}, "path": "samples.jsonl", "count": 1}
+
+    def resolve(self, relative: str) -> str:
+        return relative
+
+
+def recording_run(config: SuiteConfig) -> runner.Run:
+    """A Run whose backbone is SmolLM2-135M's shape only and whose store records job keys."""
+    run = runner.Run("suite", config, Path("never-written"), progress=False)
+    run.__dict__["backbone"] = SimpleNamespace(width=SMOLLM2_WIDTH, num_layers=30, name="smollm2-135m")
+    run.store = RecordingStore()
+    return run
+
+
+def test_the_committed_records_job_hashes_come_back_from_its_config():
+    record = json.loads(DIAGNOSTIC_RECORD.read_text())
+    config = SuiteConfig.from_checked(check_values(record["config"]))
+    stored = record["per_seed"][0]
+    seed, layer = stored["seed"], stored["roles"]["chosen"]
+    run = recording_run(config)
+    spec, budget = bridge_spec(config, "budget", seed), matched_budget(config, seed, SMOLLM2_WIDTH)
+    assert budget.to_dict() == stored["budget"]
+    made = {"dihal-chosen": runner.dihal_method(run, spec, budget, layer, seed, [layer])}
+    for name in config.methods.controls:
+        made[f"control-{name}"] = runner.control_method(run, name, spec, budget, layer, seed, [layer])
+    for name in config.methods.references:
+        made[f"reference-{name}"] = runner.reference_method(run, name, budget, seed)
+    for name in config.methods.baselines:
+        made[name] = runner.baseline_method(run, name, budget, seed)
+    assert set(made) == set(stored["methods"])
+    for name, method in made.items():
+        for key in ("train_job", "samples_job"):
+            assert method.get(key) == stored["methods"][name].get(key), (name, key)
+
+
+#: the key of the first job of each kind a seed makes (ℓ* = 3 on a 30-layer backbone of width 576),
+#: as computed from the suite dicts before the typed config: a change here orphans stored jobs
+FIRST_JOBS = {
+    "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
+                          "sweep-layer": "9abaf229ba5589fe", "dihal-train": "18235fa03f0cf31c",
+                          "samples": "5b59983f7168ee54", "baseline-train": "9869e04a398cf38a",
+                          "metrics": "6f1effd8bd614bd1", "latency": "03e79b518d849583"},
+    "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "5b63c3e2975d7dd7",
+              "dihal-train": "5a5f5d284593ff5c", "samples": "e755dec1b1f121e6", "baseline-train": "acbea2602cff2dfc",
+              "steps-point": "cfdc694a068d8f87", "metrics": "309cd3dee0c3ecd9", "latency": "bce9203244b0c827"},
+    "geometry-gemma": {"locate": "39977ee943b270b1", "bridge-targets": "41af6951b63bebb3",
+                       "sweep-layer": "97c06a0da8497ab1"},
+}
+
+
+@pytest.mark.parametrize("name", FIRST_JOBS)
+def test_a_seeds_job_keys_are_unchanged(name, monkeypatch):
+    if name == "diagnostic-record":
+        config = SuiteConfig.from_checked(check_values(json.loads(DIAGNOSTIC_RECORD.read_text())["config"]))
+    else:
+        config = resolve_suite(name)[1]
+    monkeypatch.setattr(runner, "layer_correlations", lambda *args, **kwargs: {})
+    monkeypatch.setattr(runner, "read_samples", lambda path: ([], []))
+    run = recording_run(config)
+    run.reference_texts = lambda *args: []
+    runner.run_seed(run, 0)
+    first: dict[str, str] = {}
+    for kind, key in run.store.keys:
+        first.setdefault(kind, key)
+    assert first == FIRST_JOBS[name]
+
+
+# --- the one decision on which budgets need what -----------------------------------------------
+
+
+def test_budget_sections_decide_targets_and_training_data_alike():
+    _, smoke = resolve_suite("smoke")
+    assert budget_sections(smoke) == budget_sections(smoke, bridge_targets=True) == ["sweep.budget", "budget"]
+    baselines_only = apply_overrides(smoke, {"methods.dihal": "[]", "methods.controls": '["skip"]',
+                                             "bridge.steps_axis": "[]"})
+    # a baseline draws the matched budget's training sequences but needs no hidden states of them
+    assert budget_sections(baselines_only) == ["sweep.budget", "budget"]
+    assert budget_sections(baselines_only, bridge_targets=True) == ["sweep.budget"]
+    assert len(target_budgets(baselines_only)) == 1
+    _, geometry = resolve_suite("geometry-gemma")
+    assert budget_sections(geometry) == ["sweep.budget"]
+    assert budget_sections(geometry, num_layers=1) == []  # a one-layer backbone has nothing to sweep
+
+
+def test_a_targets_unit_carries_its_sequence_length_and_keeps_its_label():
+    _, config = resolve_suite("diagnostic")
+    targets = [unit for unit in seed_units(config) if unit.stage == "targets"]
+    assert targets and all(unit.label == f"bridge targets T={unit.seq_len}" for unit in targets)
+    assert all(unit.seq_len is None for unit in seed_units(config) if unit.stage != "targets")
+
