@@ -33,7 +33,6 @@ from dihal_bench.bridge_training import (
     packed_split,
     train_bridge,
     training_subset,
-    validation_subset,
     with_states,
 )
 from dihal_bench.budget import Budget
@@ -176,9 +175,9 @@ class Run:
     def valid_states(self, seq_len: int, layers: list[int]) -> SplitTensors:
         cache = self._valid_states
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
+            # every window: bridgeability reads them all, the LM measures a seeded subset of them
             sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
-            count = self.config.sweep.eval_sequences
-            cache[seq_len] = with_states(self.backbone, validation_subset(sequences, count), layers, self.progress)
+            cache[seq_len] = with_states(self.backbone, sequences, layers, self.progress)
         return cache[seq_len]
 
     def held_out_texts(self, split: str, n: int, seq_len: int, seed: int) -> tuple[list[str], torch.Tensor]:
@@ -265,8 +264,8 @@ EXAMPLES = 5
 
 
 def eval_identity(config: SuiteConfig) -> dict:
-    """What the validation measurements of a bridge job depend on: how many windows, which ones."""
-    return {"eval_sequences": config.sweep.eval_sequences, "eval_subset": "seeded"}
+    """What the validation measurements of a bridge job depend on: which windows each measure reads."""
+    return {"eval_sequences": config.sweep.eval_sequences, "eval_subset": "seeded", "bridgeability_windows": "all"}
 
 
 def metric_names(config: SuiteConfig) -> list[str]:
@@ -363,7 +362,8 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) 
         train = run.train_states(spec.budget, layer)
         bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
         valid = run.valid_states(spec.budget.seq_len, data_layers)
-        return {"layer": layer, **stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid)}
+        return {"layer": layer, **stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid,
+                                                          lm_windows=config.sweep.eval_sequences)}
 
     return run.store.run("sweep-layer", job, work)
 
@@ -381,7 +381,8 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
         bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
         save_bridge_checkpoint(bridge, spec.name, layer, run.backbone.name, folder / "bridge")
         valid = run.valid_states(spec.budget.seq_len, data_layers)
-        return {**stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid),
+        return {**stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid,
+                                          lm_windows=config.sweep.eval_sequences),
                 "checkpoint": run.store.relative(folder / "bridge")}
 
     trained = run.store.run("dihal-train", train_job, train_work)
@@ -462,7 +463,9 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
     def work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
         valid = run.valid_states(spec.budget.seq_len, data_layers)
-        quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid)
+        # the skip control does not depend on K: its perplexity is the sweep's
+        quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid,
+                                 lm_windows=config.sweep.eval_sequences, skip=False)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=steps)
         ids = hybrid.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
                               top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size,

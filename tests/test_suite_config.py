@@ -181,22 +181,32 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
         made[name] = runner.baseline_method(run, name, budget, seed)
     assert set(made) == set(stored["methods"])
     for name, method in made.items():
+        if name in MEASURED_SINCE:
+            continue
         for key in ("train_job", "samples_job"):
             assert method.get(key) == stored["methods"][name].get(key), (name, key)
 
 
+#: methods whose train job includes how their bridge is measured (runner.eval_identity), which has
+#: changed since the committed diagnostic record was made (bridgeability on every window): their
+#: keys differ from the record's on purpose; drop this when a newer record is committed
+MEASURED_SINCE = {"dihal-chosen", "control-regressor"}
+
+
 #: the key of the first job of each kind a seed makes (ℓ* = 3 on a 30-layer backbone of width 576),
-#: as computed from the suite dicts before the typed config: a change here orphans stored jobs
+#: as computed from the suite dicts before the typed config, then with bridgeability measured on
+#: every validation window (which changed the bridge jobs' keys on purpose): a change here orphans
+#: stored jobs
 FIRST_JOBS = {
     "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
-                          "sweep-layer": "9abaf229ba5589fe", "dihal-train": "18235fa03f0cf31c",
-                          "samples": "5b59983f7168ee54", "baseline-train": "9869e04a398cf38a",
-                          "metrics": "6f1effd8bd614bd1", "latency": "03e79b518d849583"},
-    "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "5b63c3e2975d7dd7",
-              "dihal-train": "5a5f5d284593ff5c", "samples": "e755dec1b1f121e6", "baseline-train": "acbea2602cff2dfc",
-              "steps-point": "cfdc694a068d8f87", "metrics": "309cd3dee0c3ecd9", "latency": "bce9203244b0c827"},
+                          "sweep-layer": "47625d92cde5633c", "dihal-train": "89b939d22a6e5bf0",
+                          "samples": "85ebf45b1ed020e9", "baseline-train": "9869e04a398cf38a",
+                          "metrics": "be7aec36c42d0d13", "latency": "9894c1d1bfdd121c"},
+    "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "3783615758dab013",
+              "dihal-train": "5ddfa9881220fe25", "samples": "18026f3ba49d7286", "baseline-train": "acbea2602cff2dfc",
+              "steps-point": "945fc5e401eaf75d", "metrics": "238b00aaf153a065", "latency": "c3b6b9687642fbef"},
     "geometry-gemma": {"locate": "39977ee943b270b1", "bridge-targets": "41af6951b63bebb3",
-                       "sweep-layer": "97c06a0da8497ab1"},
+                       "sweep-layer": "26cb0c2ec03d6f80"},
 }
 
 
