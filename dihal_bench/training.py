@@ -16,6 +16,7 @@ state. A checkpoint is three files written atomically, ``trainer.json`` last:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -121,47 +122,62 @@ def train(
     the same as an uninterrupted run (a damaged checkpoint is discarded with a warning).
     Each step reseeds torch's global RNG (for dropout), so the caller's global RNG state
     does not survive the call. The model is left in eval mode.
+
+    Launched as several processes (``torchrun``, ``accelerate launch --multi_gpu``), the
+    processes train the model data-parallel with the same global batch, randomness and
+    checkpoints (written by the main process), and the same numbers up to float summation
+    order (``dihal_bench.distributed``, docs/distributed.md).
     """
     n_sequences = _shared_length(data)
     budget.check_fits(n_sequences)
     params = trainable_parameters(model)
     if not params:
         raise DihalError(f"{desc}: the model has no trainable parameters")
-    device = params[0].device
+    processes = _processes(budget, desc)
     optimizer = torch.optim.AdamW(params, lr=budget.lr, weight_decay=budget.weight_decay)
+    stepper = processes.prepare(model, loss_fn, optimizer)  # may move the model to this process's device
+    device = params[0].device
 
     losses: list[float] = []
     resumed_from = None
-    if checkpoint_dir is not None and (Path(checkpoint_dir) / TRAINER_FILE).exists():
-        restored = _load_checkpoint(Path(checkpoint_dir), model, optimizer, budget, desc)
-        if restored is not None:
-            losses, resumed_from = restored, len(restored)
+    if checkpoint_dir is not None:
+        losses = _resume(processes, Path(checkpoint_dir), model, optimizer, budget, desc)
+        resumed_from = len(losses) or None
 
     started = time.perf_counter()
     model.train()
-    with tqdm(total=budget.steps, initial=len(losses), desc=desc, disable=not progress, leave=False) as bar:
+    bar = tqdm(total=budget.steps, initial=len(losses), desc=desc, leave=False,
+               disable=not progress or not processes.is_main)
+    try:
         for step in range(len(losses), budget.steps):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(budget, step)
-            batch = {key: value[batch_indices(budget, n_sequences, step)].to(device) for key, value in data.items()}
+            rows = processes.rows_of(batch_indices(budget, n_sequences, step))
+            batch = {key: value[rows].to(device) for key, value in data.items()}
             torch.manual_seed(derived_seed(budget.seed, "torch", step))  # dropout and other global-RNG draws
             generator = torch.Generator(device=device).manual_seed(derived_seed(budget.seed, "loss", step))
 
-            loss = loss_fn(model, batch, generator)
-            if not torch.isfinite(loss):
-                raise DihalError(f"{desc}: loss is {loss.item()} at step {step}; lower budget.lr or check the data")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = processes.loss(batch, generator)
+            reported = processes.mean(loss)  # the global batch's loss, the same on every process
+            if not torch.isfinite(reported):
+                raise DihalError(f"{desc}: loss is {reported.item()} at step {step}; lower budget.lr or check the data")
+            stepper.zero_grad(set_to_none=True)
+            processes.backward(loss)
             if budget.grad_clip > 0:
-                nn.utils.clip_grad_norm_(params, budget.grad_clip)
-            optimizer.step()
+                processes.clip(params, budget.grad_clip)
+            stepper.step()
 
-            losses.append(loss.item())
+            losses.append(reported.item())
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
             done = step + 1
             if checkpoint_dir is not None and (done % budget.checkpoint_every == 0 or done == budget.steps):
-                _save_checkpoint(Path(checkpoint_dir), model, optimizer, budget, losses)
+                if processes.is_main:
+                    _save_checkpoint(Path(checkpoint_dir), model, optimizer, budget, losses)
+                processes.barrier()
+    finally:
+        bar.close()
+        processes.close()
     model.eval()
 
     return TrainResult(
@@ -172,6 +188,70 @@ def train(
         wall_seconds=time.perf_counter() - started,
         resumed_from_step=resumed_from,
     )
+
+
+class OneProcess:
+    """The loop's operations in a single process: the plain loop, exactly as it was before
+    data-parallel training existed. ``dihal_bench.distributed.DataParallel`` is the same
+    interface over several processes."""
+
+    is_main = True
+
+    def prepare(self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        self.model, self.loss_fn = model, loss_fn
+        return optimizer
+
+    def rows_of(self, indices: Tensor) -> Tensor:
+        return indices
+
+    def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
+        return self.loss_fn(self.model, batch, generator)
+
+    def mean(self, loss: Tensor) -> Tensor:
+        return loss
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def clip(self, params: list[nn.Parameter], max_norm: float) -> None:
+        nn.utils.clip_grad_norm_(params, max_norm)
+
+    def main_first(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def barrier(self) -> None:
+        pass
+
+    def agree(self, step: int, where: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _processes(budget: Budget, desc: str):
+    """OneProcess, or DataParallel when launched as several processes; accelerate is imported only
+    then, so a one-process run pays nothing for it."""
+    from dihal_bench.distributed import world_size
+
+    if world_size() == 1:
+        return OneProcess()
+    from dihal_bench.distributed import DataParallel
+
+    return DataParallel(budget, desc)
+
+
+def _resume(processes, directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
+            desc: str) -> list[float]:
+    """The losses of the checkpoint in ``directory`` loaded into model and optimizer, or [] to
+    start from step 0. The main process reads first, so that it alone warns about (and discards)
+    a damaged checkpoint; then every process must stand at the same step."""
+    losses: list[float] = []
+    with processes.main_first():
+        if (directory / TRAINER_FILE).exists():
+            losses = _load_checkpoint(directory, model, optimizer, budget, desc) or []
+    processes.agree(len(losses), str(directory))
+    return losses
 
 
 def _shared_length(data: dict[str, Tensor]) -> int:
