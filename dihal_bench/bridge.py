@@ -67,8 +67,13 @@ class HiddenStateBridge(nn.Module, ABC):
         computed over the tokens where ``mask`` is True."""
         if not mask.any():
             raise DihalError("cannot fit the bridge standardiser: the mask selects no tokens")
-        for name, states in (("cond", cond), ("target", target)):
-            mean, std = masked_moments(states, mask, name)
+        self.set_standardizer(masked_moments(cond, mask, "cond"), masked_moments(target, mask, "target"))
+
+    @torch.no_grad()
+    def set_standardizer(self, cond: tuple[Tensor, Tensor], target: tuple[Tensor, Tensor]) -> None:
+        """Set the standardiser from (mean, std) of condition and target; a std under
+        ``MIN_STD`` (a constant dimension) becomes 1."""
+        for name, (mean, std) in (("cond", cond), ("target", target)):
             getattr(self, f"{name}_mean").copy_(mean)
             getattr(self, f"{name}_std").copy_(torch.where(std < MIN_STD, 1.0, std))
 
@@ -157,21 +162,39 @@ def build_bridge(name: str, *args, **options) -> HiddenStateBridge:
     return bridge
 
 
+class MaskedMoments:
+    """Per-dimension mean and population std over the tokens where a mask is True, accumulated
+    in float64 from any number of (n, T, d) chunks: the standardiser's statistics whether the
+    states are stored (:func:`masked_moments`) or computed a batch at a time (streamed targets)."""
+
+    def __init__(self, width: int, name: str, device: torch.device | str = "cpu"):
+        self.name, self.count = name, 0
+        self.total = torch.zeros(width, dtype=torch.float64, device=device)
+        self.squares = torch.zeros_like(self.total)
+
+    def add(self, states: Tensor, mask: Tensor) -> None:
+        tokens = states[mask.to(states.device)].double().to(self.total.device)
+        if not torch.isfinite(tokens).all():
+            raise DihalError(f"bridge {self.name} hidden states contain NaN or inf")
+        self.total += tokens.sum(0)
+        self.squares += tokens.pow(2).sum(0)
+        self.count += len(tokens)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        if not self.count:
+            raise DihalError(f"cannot fit the bridge standardiser: no {self.name} tokens")
+        mean = self.total / self.count
+        return mean, (self.squares / self.count - mean.pow(2)).clamp_min(0).sqrt()
+
+
 def masked_moments(states: Tensor, mask: Tensor, name: str, chunk: int = 256) -> tuple[Tensor, Tensor]:
     """Per-dimension mean and population std of ``states`` (n, T, d) over the tokens where
     ``mask`` (n, T) is True, accumulated in float64 a chunk of sequences at a time so that
     memory stays bounded for large training sets."""
-    total = torch.zeros(states.shape[-1], dtype=torch.float64, device=states.device)
-    squares = torch.zeros_like(total)
+    moments = MaskedMoments(states.shape[-1], name, states.device)
     for start in range(0, states.shape[0], chunk):
-        tokens = states[start : start + chunk][mask[start : start + chunk]].double()
-        if not torch.isfinite(tokens).all():
-            raise DihalError(f"bridge {name} hidden states contain NaN or inf")
-        total += tokens.sum(0)
-        squares += tokens.pow(2).sum(0)
-    count = int(mask.sum())
-    mean = total / count
-    return mean, (squares / count - mean.pow(2)).clamp_min(0).sqrt()
+        moments.add(states[start : start + chunk], mask[start : start + chunk])
+    return moments.result()
 
 
 def hold_sink(states: Tensor, sink: Tensor) -> Tensor:

@@ -25,7 +25,12 @@ from pathlib import Path
 import torch
 
 from dihal_bench.backbone import Backbone
-from dihal_bench.bridge import HiddenStateBridge, build_bridge, training_loss
+from dihal_bench.bridge import (
+    HiddenStateBridge,
+    MaskedMoments,
+    build_bridge,
+    training_loss,
+)
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import Corpus, pack, tokenize_documents
 from dihal_bench.errors import DihalError
@@ -141,13 +146,77 @@ def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: S
     bridge.fit_standardizer(cond, target, mask)
     result = train(bridge, training_loss, {"cond": cond, "target": target, "mask": mask}, spec.budget,
                    checkpoint_dir=checkpoint_dir, progress=progress, desc=f"bridge ℓ={layer}")
-    return bridge, {
+    return bridge, _training_stats(bridge, result)
+
+
+def _training_stats(bridge: HiddenStateBridge, result) -> dict:
+    return {
         "parameters": count_trainable(bridge),
         "steps": result.steps_done,
         "tokens_seen": result.tokens_seen,
         "train_seconds": result.wall_seconds,
         "final_loss": sum(result.losses[-10:]) / len(result.losses[-10:]),
     }
+
+
+#: sequences per forward pass when the streamed path fits the standardiser
+STANDARDIZER_CHUNK = 16
+
+
+class StreamedStates:
+    """The hidden states of bridge windows computed a batch at a time, never stored.
+
+    A bridge at layer ℓ needs h_0 and h_ℓ of its training windows. Stored (:func:`with_states`)
+    they take n × T × d × 4 bytes per layer, which at 8B-backbone sizes does not fit memory;
+    streamed, each training step runs the frozen backbone's layers 1..ℓ on its own batch
+    (a cost proportional to ℓ, small for the shallow layers DiHAL picks), so memory is bounded
+    by the batch. The states are the same numbers the stored path holds, up to the float
+    rounding of a different batch composition.
+    """
+
+    def __init__(self, backbone: Backbone, layer: int):
+        self.backbone, self.layer = backbone, backbone.check_layer(layer, allow_last=True)
+
+    @torch.no_grad()
+    def __call__(self, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_0, h_ℓ) of bridge windows (n, T), float32, on the backbone's device."""
+        states = self.backbone.hidden_states(windows, up_to=self.layer)
+        return states[0].float(), states[self.layer].float()
+
+    def fit_standardizer(self, bridge: HiddenStateBridge, windows: torch.Tensor,
+                         chunk: int = STANDARDIZER_CHUNK) -> None:
+        """The bridge's standardiser from one streamed pass over ``windows``: the same
+        statistics :meth:`HiddenStateBridge.fit_standardizer` takes from stored states."""
+        cond = MaskedMoments(self.backbone.width, "cond")
+        target = MaskedMoments(self.backbone.width, "target")
+        for start in range(0, len(windows), chunk):
+            rows = windows[start : start + chunk]
+            h0, hl = self(rows)
+            mask = SplitTensors(rows, {}).mask
+            cond.add(h0, mask)
+            target.add(hl, mask)
+        bridge.set_standardizer(cond.result(), target.result())
+
+    def loss(self, bridge: HiddenStateBridge, batch: dict[str, torch.Tensor], generator: torch.Generator):
+        """A ``dihal_bench.training.train`` loss function whose batch holds only ``windows``."""
+        windows = batch["windows"]
+        cond, target = self(windows)
+        device = bridge.target_mean.device
+        return bridge.loss(cond.to(device), target.to(device), SplitTensors(windows, {}).mask.to(device), generator)
+
+
+def train_bridge_streamed(backbone: Backbone, spec: BridgeSpec, layer: int, windows: torch.Tensor,
+                          checkpoint_dir: Path | None = None, progress: bool = True) -> tuple[HiddenStateBridge, dict]:
+    """:func:`train_bridge` on bridge windows (n, T) whose states are computed per batch
+    (:class:`StreamedStates`) rather than read from stored tensors: the same bridge, the same
+    seeds and data order, memory bounded by the batch."""
+    states = StreamedStates(backbone, layer)
+    torch.manual_seed(spec.budget.seed)  # the same initial weights as train_bridge
+    bridge = spec.build(backbone.width)
+    states.fit_standardizer(bridge, windows)
+    result = train(bridge, states.loss, {"windows": windows}, spec.budget, checkpoint_dir=checkpoint_dir,
+                   progress=progress, desc=f"bridge ℓ={layer} (streamed)")
+    return bridge, _training_stats(bridge, result)
 
 
 def evaluate_layer(backbone: Backbone, bridge: HiddenStateBridge, layer: int, spec: BridgeSpec,

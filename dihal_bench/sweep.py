@@ -16,9 +16,11 @@ from pathlib import Path
 from dihal_bench.backbone import Backbone
 from dihal_bench.bridge_training import (
     BridgeSpec,
+    bridge_windows,
     evaluate_layer,
     packed_split,
     train_bridge,
+    train_bridge_streamed,
     training_subset,
     validation_subset,
     with_states,
@@ -71,14 +73,18 @@ def layer_correlations(located: dict, rows: list[dict], seed: int, target: str =
 
 def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: BridgeSpec, *,
               eval_sequences: int = 64, work_dir: Path | None = None, progress: bool = True,
-              keep_bridges: bool = False) -> dict:
+              keep_bridges: bool = False, stream_targets: bool = False) -> dict:
     """Train and evaluate one bridge per layer; returns the per-layer table and timings
-    (and the trained bridges under ``"bridges"`` when ``keep_bridges``)."""
+    (and the trained bridges under ``"bridges"`` when ``keep_bridges``). With
+    ``stream_targets`` the training states are computed per batch, never stored
+    (``bridge_training.StreamedStates``): memory bounded by the batch, for backbones whose
+    states of the whole training subset do not fit."""
     layers = check_layers(backbone, layers)
     seq_len = spec.budget.seq_len
     started = time.perf_counter()
     train_sequences = training_subset(packed_split(backbone, corpus, "train", seq_len), [spec.budget], spec.budget.seed)
-    train_data = with_states(backbone, train_sequences, layers, progress)
+    # streamed: only the token windows are held; stored: their states at every swept layer
+    train_data = None if stream_targets else with_states(backbone, train_sequences, layers, progress)
     # bridgeability on every validation window, the language-model measures on a seeded subset
     valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len), layers, progress)
     extract_seconds = time.perf_counter() - started
@@ -87,7 +93,11 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     rows, bridges = [], {}
     for layer in layers:
         checkpoint = None if work_dir is None else Path(work_dir) / f"bridge-layer{layer}"
-        bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)
+        if stream_targets:
+            windows = bridge_windows(backbone, train_sequences)
+            bridge, stats = train_bridge_streamed(backbone, spec, layer, windows, checkpoint, progress)
+        else:
+            bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)
         rows.append({"layer": layer, **stats,
                      **evaluate_layer(backbone, bridge, layer, spec, valid, lm_windows=eval_sequences)})
         if keep_bridges:
@@ -96,7 +106,7 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
         **({"bridges": bridges} if keep_bridges else {}),
         "layers": rows,
         "backbone_ppl": teacher_forced_nll(backbone.logits, scored_windows, 16)["ppl"],
-        "train_sequences": len(train_data.sequences),
+        "train_sequences": len(train_sequences),
         "eval_sequences": len(scored_windows),
         "bridgeability_sequences": len(valid.sequences),
         "extract_seconds": extract_seconds,

@@ -76,9 +76,14 @@ def _check_training_inputs(backbone_name, corpus_name, out_dir) -> None:
 @_training_options
 @click.option("--layers", default="auto", show_default=True,
               help="Comma-separated layers, or 'auto' (about ten spread over the stack, always with ℓ*).")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True, help="Validation windows per layer (a seeded random subset).")
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Validation windows the hybrid's perplexity and KL are measured on per layer (a seeded random "
+                   "subset; bridgeability takes every window).")
+@click.option("--stream-targets", is_flag=True,
+              help="Compute the bridge's training states per batch instead of storing them (memory bounded by the batch).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/sweep", show_default=True)
-def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, out_dir):
+def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, stream_targets,
+          out_dir):
     """Train one bridge per layer under one protocol; table, rank correlations and plot."""
     from dihal_bench import sweep as sweep_module
     from dihal_bench.backbone import load_backbone
@@ -98,7 +103,8 @@ def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, 
         chosen_layers = auto_sweep_layers(backbone.num_layers, {located["chosen_layer"]}, 10)
     spec = bridge_spec(config, "sweep.budget", seed)
     result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec, eval_sequences=eval_sequences,
-                                    work_dir=Path(out_dir) / "checkpoints", progress=not quiet)
+                                    work_dir=Path(out_dir) / "checkpoints", progress=not quiet,
+                                    stream_targets=stream_targets)
     result["correlations"] = sweep_module.layer_correlations(located, result["layers"], seed)
     result["correlations_trace"] = sweep_module.layer_correlations(located, result["layers"], seed,
                                                                    "bridge_mse_trace")
@@ -116,10 +122,14 @@ def bridge():
 @bridge.command("train")
 @_training_options
 @click.option("--layer", type=click.IntRange(min=1), required=True, help="Replace layers 1..LAYER by the bridge.")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Validation windows for the hybrid's perplexity and KL (bridgeability takes every window).")
+@click.option("--stream-targets", is_flag=True,
+              help="Compute the bridge's training states per batch instead of storing them (memory bounded by the batch).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Checkpoint folder (resumes an interrupted training found there).")
-def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layer, eval_sequences, out_dir):
+def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layer, eval_sequences, stream_targets,
+                 out_dir):
     """Train the DiHAL bridge for one layer, evaluate it, save a safetensors checkpoint."""
     from dihal_bench import sweep as sweep_module
     from dihal_bench.backbone import load_backbone
@@ -133,7 +143,8 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, l
     corpus = load_corpus(corpus_name)
     spec = bridge_spec(config, "budget", seed)
     result = sweep_module.run_sweep(backbone, corpus, [layer], spec, eval_sequences=eval_sequences,
-                                    work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True)
+                                    work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True,
+                                    stream_targets=stream_targets)
     trained = result.pop("bridges")[layer]
     save_bridge_checkpoint(trained, spec.name, layer, backbone.name, Path(out_dir))
     row = result["layers"][0]
