@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from dihal_bench.budget import Budget
+from dihal_bench.errors import DihalError
 from dihal_bench.plugins import get_registry
 from dihal_bench.suite_config import SuiteConfig, SweepSettings
 
@@ -186,20 +187,30 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
     return f"{repeats} timed decodes per method", (repeats + 1) * len(method_names(config)) * samples, 0
 
 
+def _device_kind(config: SuiteConfig) -> str:
+    return "cuda" if str(config.device).startswith("cuda") else "cpu"
+
+
+def unit_seconds(unit: Unit, config: SuiteConfig, params: float | None) -> float | None:
+    """A unit's estimated wall time from its FLOPs, None when the backbone's size is unknown."""
+    if not params:
+        return None
+    _, backbone_tokens, trained_tokens = unit_cost(unit, config)
+    # forward 2·P·tokens through the frozen backbone; training a ~P/100 trainable part
+    # on cached targets costs far less, so it is counted as 6·(P/100)·tokens
+    flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
+    return flops / THROUGHPUT[_device_kind(config)]
+
+
 def format_plan(name: str, config: SuiteConfig) -> str:
     params = backbone_parameters(config.backbone)
-    device = "cuda" if str(config.device).startswith("cuda") else "cpu"
+    device = _device_kind(config)
     bytes_per = BYTES.get(config.dtype, 4)
     rows, total = [], 0.0
     for unit in seed_units(config):
         detail, backbone_tokens, trained_tokens = unit_cost(unit, config)
-        seconds = None
-        if params:
-            # forward 2·P·tokens through the frozen backbone; training a ~P/100 trainable part
-            # on cached targets costs far less, so it is counted as 6·(P/100)·tokens
-            flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
-            seconds = flops / THROUGHPUT[device]
-            total += seconds
+        seconds = unit_seconds(unit, config, params)
+        total += seconds or 0.0
         rows.append([unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)])
     seeds = len(config.seeds)
     lines = [f"suite {name}: {config.description}", "", "resolved config:",
@@ -218,6 +229,55 @@ def format_plan(name: str, config: SuiteConfig) -> str:
     else:
         lines.append("\nmemory and time: unknown (the backbone's size is not in its name)")
     return "\n".join(lines)
+
+
+#: the stages whose jobs are independent of each other, in the order they run (an executor
+#: runs a stage's jobs in parallel and waits for all of them before the next stage)
+PARALLEL_STAGES = (("locate",), ("targets",), ("sweep",), ("dihal", "controls", "references", "baselines"),
+                   ("steps",), ("metrics",), ("latency",))
+
+
+def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
+    """The plan as a schedule over ``devices`` devices (GPUs, or CPU workers), one job per device
+    at a time: per stage its jobs, its longest job, its time (the longest job, or the stage's
+    total over the devices if that is longer: a lower bound that list scheduling nears when jobs
+    are many and alike), device-hours and the memory one job needs; then the critical path (the
+    longest job of every stage: the time with unlimited devices) and the totals over the seeds."""
+    if devices < 1:
+        raise DihalError(f"--gpus must be at least 1, got {devices}")
+    params = backbone_parameters(config.backbone)
+    if not params:
+        return (f"suite {name}: cannot schedule: the size of backbone {config.backbone!r} is unknown "
+                "(not declared by its plugin, not in its name)")
+    units = seed_units(config)
+    weights = params * BYTES.get(config.dtype, 4)
+    evaluator = backbone_parameters(config.evaluator)
+    scored = weights if config.evaluator == config.backbone else weights + (evaluator or 0) * BYTES.get(config.dtype, 4)
+    rows, critical, makespan, device_seconds = [], 0.0, 0.0, 0.0
+    for stages in PARALLEL_STAGES:
+        jobs = [unit_seconds(unit, config, params) for unit in units if unit.stage in stages]
+        if not jobs:
+            continue
+        longest, total = max(jobs), sum(jobs)
+        stage_time = max(longest, total / devices)
+        critical, makespan, device_seconds = critical + longest, makespan + stage_time, device_seconds + total
+        memory = scored if stages == ("metrics",) else weights
+        rows.append(["/".join(stages), len(jobs), _duration(longest), _duration(stage_time),
+                     f"{total / 3600:.2f}", f"{memory / 2**30:.1f} GiB"])
+    seeds = len(config.seeds)
+    kind = "GPU" if _device_kind(config) == "cuda" else "worker"
+    return "\n".join([
+        f"suite {name} on {devices} {kind}{'s' if devices > 1 else ''}, one job per {kind} at a time "
+        f"(per seed; {seeds} seed{'s' if seeds > 1 else ''} run one after another):",
+        tabulate(rows, headers=["stage", "jobs", "longest job", f"stage time on {devices}",
+                                f"{kind}-hours", "memory per job"]),
+        f"critical path (unlimited {kind}s): {_duration(critical)} per seed",
+        f"on {devices} {kind}{'s' if devices > 1 else ''}: {_duration(makespan)} per seed, "
+        f"{_duration(makespan * seeds)} for {seeds} seed(s); {device_seconds * seeds / 3600:.1f} {kind}-hours in all",
+        "memory per job: the backbone's weights (and the evaluator's for metrics) in the suite's dtype; "
+        "stored bridge targets add n_train x T x d x 4 bytes per layer on the host (streamed: one batch)",
+        f"time: FLOPs / {THROUGHPUT[_device_kind(config)]:.1e} FLOP/s assumed sustained; order-of-magnitude only",
+    ])
 
 
 def _duration(seconds: float | None) -> str:

@@ -1,0 +1,60 @@
+"""The dry-run schedule: stages of independent jobs over N devices, the critical path, device-hours."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from dihal_bench import plan
+from dihal_bench.errors import DihalError
+from dihal_bench.suite import resolve_suite
+
+
+def stage_rows(text: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in text.splitlines():
+        fields = re.split(r"\s{2,}", line.strip())
+        if fields and fields[0] in {"/".join(group) for group in plan.PARALLEL_STAGES}:
+            rows[fields[0]] = fields[1:]
+    return rows
+
+
+def test_the_schedule_adds_the_longest_job_of_each_stage_and_spreads_the_rest(monkeypatch):
+    _, config = resolve_suite("diagnostic")
+    # every unit costs one hour, except the sweep's, which cost two: easy arithmetic
+    monkeypatch.setattr(plan, "unit_seconds", lambda unit, config, params: 7200.0 if unit.stage == "sweep" else 3600.0)
+    units = plan.seed_units(config)
+    per_stage = {group: sum(unit.stage in group for unit in units) for group in plan.PARALLEL_STAGES}
+    assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 12
+
+    text = plan.format_schedule("diagnostic", config, 4)
+    rows = stage_rows(text)
+    assert rows["sweep"][:2] == ["12", "2.0 h"] and rows["sweep"][2] == "6.0 h"  # 12 × 2 h over 4 devices
+    assert rows["latency"][:3] == ["1", "60 min", "60 min"]  # one job: its own length whatever the devices
+    stages = [group for group in plan.PARALLEL_STAGES if per_stage[group]]
+    critical = sum(2 if group == ("sweep",) else 1 for group in stages)
+    assert f"critical path (unlimited workers): {critical:.1f} h per seed" in text
+    hours = sum(per_stage[group] * (2 if group == ("sweep",) else 1) for group in stages) * len(config.seeds)
+    assert f"{hours:.1f} worker-hours in all" in text
+
+
+def test_more_devices_never_lengthen_the_schedule():
+    _, config = resolve_suite("paper")
+
+    def per_seed(devices: int) -> str:
+        text = plan.format_schedule("paper", config, devices)
+        return re.search(r"on \d+ GPUs?: (.+?) per seed", text).group(1)
+
+    assert "GPU-hours" in plan.format_schedule("paper", config, 8)
+    hours = [float(per_seed(n).removesuffix(" h")) for n in (1, 8, 64)]
+    assert hours[0] >= hours[1] >= hours[2]
+
+
+def test_the_schedule_refuses_no_devices_and_says_when_the_size_is_unknown():
+    _, config = resolve_suite("smoke")
+    with pytest.raises(DihalError, match="at least 1"):
+        plan.format_schedule("smoke", config, 0)
+    unknown = dataclasses.replace(config, backbone="some/model-without-a-size")
+    assert "cannot schedule" in plan.format_schedule("smoke", unknown, 2)
