@@ -12,7 +12,9 @@ A finished job is reused only when all of them still match: a damaged result or 
 that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
 so a training job whose own checkpoint is intact resumes from it instead of starting over.
 
-One run at a time may use a store: `JobStore.lock`.
+One run at a time may use a store: `JobStore.lock`. Within that run, several processes may do
+its jobs at once (``dihal-bench run --executor ray``): each job is done under its own lock, so
+that two of them asked for the same job (ℓ* that is also the oracle layer) do it once.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from dihal_bench.records import (
 
 RESULT = "result.json"
 LOCK = ".lock"
+#: in a job's folder: held by the process doing the job, not an artifact
+JOB_LOCK = ".job.lock"
 
 
 #: part of every job's key: raised when what jobs compute changes while their specs stay the same
@@ -62,18 +66,19 @@ class JobStore:
     def run(self, kind: str, spec: dict, work: Callable[[Path], dict]) -> dict:
         """The stored result of (kind, spec), or ``work(folder)``'s result, stored first."""
         folder = self.folder(kind, spec)
-        done = folder / RESULT
-        if done.exists():
-            result, problem = _verified_result(folder)
-            if problem is None:
-                return result
-            warn(f"{problem}; redoing job {folder}")
-            done.unlink(missing_ok=True)
+        result = _finished(folder)
+        if result is not None:
+            return result
         folder.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
-        result = work(folder)
-        write_json_atomic(done, {"kind": kind, "spec": spec, "result": result,
-                                 "sha256": {"result": json_sha256(result), "files": _artifact_hashes(folder)}})
+        with _held(folder / JOB_LOCK):
+            result = _finished(folder)  # another process did the job while this one waited
+            if result is not None:
+                return result
+            write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
+            result = work(folder)
+            write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result,
+                                                "sha256": {"result": json_sha256(result),
+                                                           "files": _artifact_hashes(folder)}})
         return result
 
     def relative(self, path: Path) -> str:
@@ -114,12 +119,38 @@ class JobStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _finished(folder: Path) -> dict | None:
+    """The result of the finished job in ``folder`` when it is intact; else None, with a
+    warning and its result.json removed when it is damaged."""
+    done = folder / RESULT
+    if not done.exists():
+        return None
+    result, problem = _verified_result(folder)
+    if problem is None:
+        return result
+    warn(f"{problem}; redoing job {folder}")
+    done.unlink(missing_ok=True)
+    return None
+
+
+@contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``, waiting for it: the kernel drops it when its holder
+    dies in any way, so a worker killed mid-job hands the job to the next one asking."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _artifact_hashes(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` but result.json and the temporary files of
-    writes a kill cut short, by path relative to ``folder``."""
+    """sha256 of every file under ``folder`` but result.json, the job's lock and the temporary
+    files of writes a kill cut short, by path relative to ``folder``."""
     return {path.relative_to(folder).as_posix(): file_sha256(path)
             for path in sorted(folder.rglob("*"))
-            if path.is_file() and path != folder / RESULT and not is_temporary(path)}
+            if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK) and not is_temporary(path)}
 
 
 def _verified_result(folder: Path) -> tuple[dict | None, str | None]:

@@ -6,6 +6,10 @@ every method → metrics → latency, in the order of :func:`dihal_bench.plan.se
 unit is made of jobs keyed by a hash of their inputs (``dihal_bench.jobs``), so an interrupted
 run restarts where it stopped and gives the same numbers. The run ends with one record in the
 results folder (``runs/results/`` by default).
+
+The units of a stage do not depend on each other, so :func:`run_seed` hands each stage to an
+executor (``dihal_bench.executors``): in order in this process by default, or in parallel on
+Ray actors. A unit is a module-level function taking ``(run, *args)`` so that it can be shipped.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dihal_bench.bridge_training import (
 from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
+from dihal_bench.executors import Executor, Item, LocalExecutor
 from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
@@ -68,11 +73,16 @@ from dihal_bench.sweep import check_layers, layer_correlations
 
 
 class Run:
-    """One suite run: the resolved config, the job store, and lazily loaded models and data."""
+    """One suite run: the resolved config, the job store, and lazily loaded models and data.
 
-    def __init__(self, suite: str, config: SuiteConfig, out_root: Path, progress: bool = True):
-        self.suite, self.config, self.progress = suite, config, progress
-        self.store = JobStore(Path(out_root) / suite / "jobs")
+    ``device`` loads the models elsewhere than the suite's device (and without its device_map):
+    a Ray driver loads them on the CPU, a Ray actor on the one GPU Ray gave it."""
+
+    def __init__(self, suite: str, config: SuiteConfig, out_root: Path, progress: bool = True,
+                 device: str | None = None):
+        self.suite, self.config, self.progress, self.device = suite, config, progress, device
+        self.out_root = Path(out_root)
+        self.store = JobStore(self.out_root / suite / "jobs")
         self.timings: dict[str, float] = {}
         self._valid_states: dict[int, SplitTensors] = {}
         self.targets: dict[int, dict] = {}  # the bridge-targets job's result, by sequence length
@@ -96,8 +106,8 @@ class Run:
         return load_corpus(self.config.corpus)
 
     def _load_options(self) -> dict:
-        options = {"device": self.config.device, "dtype": self.config.dtype}
-        if self.config.device_map:
+        options = {"device": self.device or self.config.device, "dtype": self.config.dtype}
+        if self.config.device_map and self.device is None:
             options["device_map"] = self.config.device_map
         return options
 
@@ -105,12 +115,17 @@ class Run:
         """What every job depends on: the data and the backbone."""
         return {"backbone": self.config.backbone, "corpus": self.config.corpus}
 
+    def next_units(self, labels: list[str]) -> list[Unit]:
+        """The plan's next units, which must be ``labels``: the runner never leaves its plan."""
+        expected = self.units[len(self.done):len(self.done) + len(labels)]
+        if [unit.label for unit in expected] != list(labels):
+            raise AssertionError(f"the runner left its plan: doing {labels}, planned {expected}")
+        return expected
+
     def timed(self, label: str, fn, *args, **kwargs):
         """Run the plan's next unit of work (which must be ``label``), adding its wall time to its
         stage and advancing the run's bar."""
-        expected = self.units[len(self.done)] if len(self.done) < len(self.units) else None
-        if expected is None or expected.label != label:
-            raise AssertionError(f"the runner left its plan: doing {label!r}, planned {expected}")
+        [expected] = self.next_units([label])
         if self.bar is not None:
             self.bar.set_postfix_str(label)
         started = time.perf_counter()
@@ -131,31 +146,6 @@ class Run:
         for section in budget_sections(self.config, self.backbone.num_layers):
             budget = section_budget(self.config, section, seed=0)
             budget.check_fits(len(packed_split(self.backbone, self.corpus, "train", budget.seq_len)))
-
-    def extract_targets(self, seed: int, layers: list[int], budgets: list[Budget]) -> None:
-        """The bridge-targets job of each sequence length: every budget draws a prefix of one
-        seeded subset of the training split; its hidden states at ``layers`` (and the embedding
-        output) are computed once and stored as safetensors, so a killed run does not redo them."""
-        self.targets.clear()
-        for length in sorted({b.seq_len for b in budgets}):
-            same_length = [b for b in budgets if b.seq_len == length]
-            spec = {**self.identity(), "seq_len": length, "layers": sorted(layers), "seed": seed,
-                    "budgets": [b.to_dict() for b in same_length], "windows": BRIDGE_PROTOCOL}
-
-            def work(folder: Path, same_length=same_length) -> dict:
-                packed = packed_split(self.backbone, self.corpus, "train", same_length[0].seq_len)
-                sequences = training_subset(packed, same_length, seed)
-                states = with_states(self.backbone, sequences, layers, self.progress)
-                save_file({"sequences": states.sequences.contiguous()}, folder / "sequences.safetensors")
-                files = {}
-                for layer, tensor in states.states.items():
-                    save_file({"states": tensor.contiguous()}, folder / f"layer-{layer}.safetensors")
-                    files[str(layer)] = self.store.relative(folder / f"layer-{layer}.safetensors")
-                return {"sequences": self.store.relative(folder / "sequences.safetensors"), "layers": files,
-                        "count": len(sequences)}
-
-            self.targets[length] = self.timed(f"bridge targets T={length}", self.store.run, "bridge-targets",
-                                              spec, work)
 
     def train_sequences(self, budget: Budget, seed: int) -> torch.Tensor:
         """The training sequences a budget draws: a prefix of the seed's permutation of the
@@ -194,17 +184,21 @@ class Run:
 
 
 def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
-              results_dir: Path = Path("runs/results"), progress: bool = True) -> Path:
-    """Run every stage for every seed and write the run record; returns its path."""
-    check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)})
-    run = Run(suite, config, out_root, progress)
+              results_dir: Path = Path("runs/results"), progress: bool = True,
+              executor: Executor | None = None) -> Path:
+    """Run every stage for every seed and write the run record; returns its path. ``executor``
+    says where the units of work run (dihal_bench.executors; in order in this process by default)."""
+    executor = executor or LocalExecutor()
+    check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
+                here=executor.computes_here)
+    run = Run(suite, config, out_root, progress, device=executor.driver_device)
     run.check_inputs()
-    with run.store.lock():
+    with run.store.lock(), executor.start(run):
         started = time.perf_counter()
         per_seed = []
         for seed in tqdm(config.seeds, desc=f"suite {suite}", unit="seed",
                          disable=not progress or len(config.seeds) < 2):
-            per_seed.append(run_seed(run, seed))
+            per_seed.append(run_seed(run, seed, executor))
         record = {
             "format": RECORD_FORMAT,
             "suite": suite,
@@ -272,20 +266,20 @@ def metric_names(config: SuiteConfig) -> list[str]:
     return [m for m in config.metrics.names if m != "mauve" or config.metrics.mauve]
 
 
-def run_seed(run: Run, seed: int) -> dict:
+def run_seed(run: Run, seed: int, executor: Executor | None = None) -> dict:
+    """One seed's study, stage by stage through ``executor``; the record's ``per_seed`` entry.
+
+    Stages, each a list of items independent of each other, each stage needing the ones before:
+    locate → bridge targets (one per sequence length) → sweep layers → methods (every DiHAL role,
+    control, reference and baseline, each with its own train → sample chain) → steps-axis points
+    (DiHAL at ℓ* with other K) → each method's metrics → latency (one item: it times decodes)."""
+    executor = executor or LocalExecutor().start(run)
     config = run.config
     explicit = config.sweep.layers
     run.units, run.done = seed_units(config, run.backbone.num_layers), []
     run.bar = tqdm(total=len(run.units), desc=f"{run.suite} seed {seed}", unit="unit", disable=not run.progress)
-    # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
-    settings = config.locate
-    located = run.timed("locate", run.store.run, "locate", {**run.identity(), **settings.to_dict(), "seed": seed,
-                                                            "sampler": "fewest-sequences"},
-                        lambda _: locate(run.backbone, run.corpus, LocateConfig(
-                            tokens=settings.tokens, seq_len=settings.seq_len, seed=seed,
-                            proxies=settings.proxies, preprocessing=settings.preprocessing,
-                            variants=settings.variants, drop_top=settings.drop_top), run.progress))
-    score = dict(zip(located["layers"], located["score"]))
+    [located] = executor.map("locate", locate_unit, [Item("locate", (seed,))])
+    score = dict(zip(located["layers"], located["score"], strict=True))
     chosen = located["chosen_layer"]
     worst = min(located["layers"], key=lambda layer: (score[layer], layer))
     # every DiHAL role's layer has a sweep row: ℓ* and the worst-scored layer join an automatic sweep
@@ -296,10 +290,15 @@ def run_seed(run: Run, seed: int) -> dict:
     spec = bridge_spec(config, "budget", seed)
     data_layers = sorted({*layers, chosen, worst})
     by_section = {"sweep.budget": sweep_spec.budget, "budget": spec.budget}
-    needed = budget_sections(config, run.backbone.num_layers, bridge_targets=True)
-    run.extract_targets(seed, data_layers, [by_section[section] for section in needed])
-    sweep_rows = [run.timed(f"sweep layer {i + 1}/{len(layers)}", sweep_layer, run, sweep_spec, layer, data_layers)
-                  for i, layer in enumerate(layers)]
+    budgets = [by_section[section] for section in budget_sections(config, run.backbone.num_layers,
+                                                                      bridge_targets=True)]
+    lengths = sorted({b.seq_len for b in budgets})
+    targets = executor.map("targets", bridge_targets, [
+        Item(f"bridge targets T={length}", (seed, data_layers, [b for b in budgets if b.seq_len == length]))
+        for length in lengths])
+    run.targets = dict(zip(lengths, targets, strict=True))
+    sweep_rows = executor.map("sweep", sweep_layer, [
+        Item(f"sweep layer {i + 1}/{len(layers)}", (sweep_spec, layer, data_layers)) for i, layer in enumerate(layers)])
     correlations = {target: layer_correlations(located, sweep_rows, seed, target) for target in CORRELATION_TARGETS}
 
     roles = {
@@ -307,32 +306,23 @@ def run_seed(run: Run, seed: int) -> dict:
         "worst": worst,
         "oracle": min(sweep_rows, key=lambda row: (row["bridge_mse"], row["layer"]))["layer"] if sweep_rows else chosen,
     }
-    methods = {}
-    for role in config.methods.dihal:
-        methods[f"dihal-{role}"] = run.timed(f"dihal-{role}", dihal_method, run, spec, budget, roles[role], seed,
-                                             data_layers)
-    for name in config.methods.controls:
-        methods[f"control-{name}"] = run.timed(f"control-{name}", control_method, run, name, spec, budget, chosen,
-                                               seed, data_layers)
-    for name in config.methods.references:
-        methods[f"reference-{name}"] = run.timed(f"reference-{name}", reference_method, run, name, budget, seed)
-    for name in config.methods.baselines:
-        methods[name] = run.timed(name, baseline_method, run, name, budget, seed)
-    steps_axis = [run.timed(steps_label(k), steps_point, run, methods["dihal-chosen"], spec, k, seed, data_layers)
-                  for k in config.bridge.steps_axis]
+    rows = ([(f"dihal-{role}", "dihal", role) for role in config.methods.dihal]
+            + [(f"control-{name}", "control", name) for name in config.methods.controls]
+            + [(f"reference-{name}", "reference", name) for name in config.methods.references]
+            + [(name, "baseline", name) for name in config.methods.baselines])
+    made = executor.map("methods", method_row, [Item(label, (kind, name, roles, spec, budget, seed, data_layers))
+                                                for label, kind, name in rows])
+    methods = {label: method for (label, _, _), method in zip(rows, made, strict=True)}
+    steps_axis = executor.map("steps", steps_point, [
+        Item(steps_label(k), (methods["dihal-chosen"], spec, k, seed, data_layers)) for k in config.bridge.steps_axis])
 
     references = run.reference_texts(config.sampling.samples, config.sampling.seq_len, seed)
-    for name, method in methods.items():
-        method["metrics"] = run.timed(f"metrics {name}", run.store.run, "metrics",
-                                      {"samples": method["samples_job"], "evaluator": config.evaluator,
-                                       "metrics": metric_names(config), "seed": seed,
-                                       "references": "seeded test windows",
-                                       **{k: getattr(config.metrics, k) for k in METRIC_CONTEXT_KEYS}},
-                                      lambda _, m=method, n=name: compute_metrics(run, n, m, references, seed))
-    latency = {} if not methods else run.timed("latency", run.store.run, "latency",
-                        {**run.identity(), "methods": {n: m["samples_job"] for n, m in methods.items()},
-                         "repeats": config.metrics.latency_repeats, "seed": seed, "protocol": "interleaved"},
-                        lambda _: measure_latency(run, methods, roles, spec, budget, seed))
+    scores = executor.map("metrics", metrics_unit, [Item(f"metrics {name}", (name, method, references, seed))
+                                                     for name, method in methods.items()])
+    for method, metrics in zip(methods.values(), scores, strict=True):
+        method["metrics"] = metrics
+    latency = {} if not methods else executor.map("latency", latency_unit, [
+        Item("latency", (methods, roles, spec, budget, seed))])[0]
     for name, method in methods.items():
         method["latency"] = latency.get(name)
         method["samples"]["examples"] = read_samples(run.store.resolve(method["samples"]["path"]))[0][:EXAMPLES]
@@ -350,6 +340,72 @@ def run_seed(run: Run, seed: int) -> dict:
         "methods": methods,
         **({"steps_axis": steps_axis} if steps_axis else {}),
     }
+
+
+# -- the units of work: module-level functions of (run, *args), each a job or a chain of jobs ----------
+
+
+def locate_unit(run: Run, seed: int) -> dict:
+    """Locate's per-layer geometry and ℓ*."""
+    settings = run.config.locate
+    # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
+    spec = {**run.identity(), **settings.to_dict(), "seed": seed, "sampler": "fewest-sequences"}
+    return run.store.run("locate", spec, lambda _: locate(run.backbone, run.corpus, LocateConfig(
+        tokens=settings.tokens, seq_len=settings.seq_len, seed=seed, proxies=settings.proxies,
+        preprocessing=settings.preprocessing, variants=settings.variants, drop_top=settings.drop_top), run.progress))
+
+
+def bridge_targets(run: Run, seed: int, layers: list[int], same_length: list[Budget]) -> dict:
+    """The bridge-targets job of one sequence length: every budget of that length draws a prefix of
+    one seeded subset of the training split; its hidden states at ``layers`` (and the embedding
+    output) are computed once and stored as safetensors, so a killed run does not redo them. The
+    result becomes ``run.targets[length]``, which :meth:`Run.train_states` reads."""
+    length = same_length[0].seq_len
+    spec = {**run.identity(), "seq_len": length, "layers": sorted(layers), "seed": seed,
+            "budgets": [b.to_dict() for b in same_length], "windows": BRIDGE_PROTOCOL}
+
+    def work(folder: Path) -> dict:
+        packed = packed_split(run.backbone, run.corpus, "train", length)
+        sequences = training_subset(packed, same_length, seed)
+        states = with_states(run.backbone, sequences, layers, run.progress)
+        save_file({"sequences": states.sequences.contiguous()}, folder / "sequences.safetensors")
+        files = {}
+        for layer, tensor in states.states.items():
+            save_file({"states": tensor.contiguous()}, folder / f"layer-{layer}.safetensors")
+            files[str(layer)] = run.store.relative(folder / f"layer-{layer}.safetensors")
+        return {"sequences": run.store.relative(folder / "sequences.safetensors"), "layers": files,
+                "count": len(sequences)}
+
+    return run.store.run("bridge-targets", spec, work)
+
+
+def method_row(run: Run, kind: str, name: str, roles: dict, spec: BridgeSpec, budget: Budget, seed: int,
+               data_layers: list[int]) -> dict:
+    """One row of the methods table: a DiHAL role, a control at ℓ*, a reference or a baseline."""
+    if kind == "dihal":
+        return dihal_method(run, spec, budget, roles[name], seed, data_layers)
+    if kind == "control":
+        return control_method(run, name, spec, budget, roles["chosen"], seed, data_layers)
+    if kind == "reference":
+        return reference_method(run, name, budget, seed)
+    return baseline_method(run, name, budget, seed)
+
+
+def metrics_unit(run: Run, name: str, method: dict, references: list[str], seed: int) -> dict:
+    """The metrics job of one method's samples."""
+    config = run.config
+    spec = {"samples": method["samples_job"], "evaluator": config.evaluator, "metrics": metric_names(config),
+            "seed": seed, "references": "seeded test windows",
+            **{k: getattr(config.metrics, k) for k in METRIC_CONTEXT_KEYS}}
+    return run.store.run("metrics", spec, lambda _: compute_metrics(run, name, method, references, seed))
+
+
+def latency_unit(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budget: Budget, seed: int) -> dict:
+    """The latency job: every method that decodes, timed in one process (measure_latency)."""
+    config = run.config
+    job = {**run.identity(), "methods": {n: m["samples_job"] for n, m in methods.items()},
+           "repeats": config.metrics.latency_repeats, "seed": seed, "protocol": "interleaved"}
+    return run.store.run("latency", job, lambda _: measure_latency(run, methods, roles, spec, budget, seed))
 
 
 def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) -> dict:
@@ -522,7 +578,7 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
 def write_samples(run: Run, folder: Path, ids: torch.Tensor) -> dict:
     texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
     path = folder / "samples.jsonl"
-    write_text_atomic(path, "".join(json.dumps({"text": t, "token_ids": i}) + "\n" for t, i in zip(texts, ids.tolist())))
+    write_text_atomic(path, "".join(json.dumps({"text": t, "token_ids": i}) + "\n" for t, i in zip(texts, ids.tolist(), strict=True)))
     return {"path": run.store.relative(path), "count": len(texts)}
 
 

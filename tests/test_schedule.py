@@ -58,3 +58,18 @@ def test_the_schedule_refuses_no_devices_and_says_when_the_size_is_unknown():
         plan.format_schedule("smoke", config, 0)
     unknown = dataclasses.replace(config, backbone="some/model-without-a-size")
     assert "cannot schedule" in plan.format_schedule("smoke", unknown, 2)
+
+
+def test_the_dry_run_prints_the_schedule_only_when_asked_and_only_as_a_plan():
+    from click.testing import CliRunner
+
+    from dihal_bench.cli import cli
+
+    runner = CliRunner()
+    planned = runner.invoke(cli, ["run", "--suite", "paper", "--dry-run", "--executor", "ray", "--gpus", "8"])
+    assert planned.exit_code == 0, planned.output
+    assert "suite paper on 8 GPUs" in planned.output and "critical path (unlimited GPUs)" in planned.output
+    plain = runner.invoke(cli, ["run", "--suite", "paper", "--dry-run"])
+    assert plain.exit_code == 0 and "critical path" not in plain.output
+    refused = runner.invoke(cli, ["run", "--suite", "smoke", "--gpus", "2"])
+    assert refused.exit_code == 2 and "--gpus plans a schedule" in refused.output

@@ -41,18 +41,44 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
               help="Where the run record is written (the committed records in results/ are written only when "
                    "you name that folder).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved plan, the jobs and their estimated cost; run nothing.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: every unit in order in this process. ray: the independent units of each stage in "
+                   "parallel on Ray actors (extra [ray]); --out must then be a path every Ray worker sees.")
+@click.option("--address", help="With --executor ray: the Ray cluster to join (`ray start --head` prints it); "
+                                "without it a local Ray instance is started and stopped.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="With --executor ray: how many actors (1 CPU each, or 1 GPU each on cuda); default: as many "
+                   "as the cluster holds, up to the widest stage.")
+@click.option("--gpus", type=click.IntRange(min=1),
+              help="With --dry-run --executor ray: also print the schedule over this many devices (GPUs on a "
+                   "cuda suite, else CPU workers): jobs per stage, critical path, device-hours, memory per job.")
 @quiet_option
-def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, quiet):
-    """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record."""
+def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, executor, address,
+        workers, gpus, quiet):
+    """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record.
+
+    With --executor ray the job store (--out) must be on a filesystem every Ray worker mounts at the
+    same path (docs/executors.md)."""
+    from dihal_bench.executors import make_executor
     from dihal_bench.preflight import check_suite
     from dihal_bench.runner import run_suite
 
     name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets)
+    if gpus is not None and not (dry_run and executor == "ray"):
+        raise DihalError("--gpus plans a schedule: use it with --dry-run --executor ray (a run uses the "
+                         "cluster's devices; --workers caps the actors)")
+    # a plan needs no Ray (the schedule of a cluster can be read on a laptop); a run needs its executor
+    chosen = None
+    if executor == "local" or not dry_run:
+        chosen = make_executor(executor, address=address, workers=workers)
     if dry_run:
         check_suite(config, here=False)
-        from dihal_bench.plan import format_plan
+        from dihal_bench.plan import format_plan, format_schedule
 
         click.echo(format_plan(name, config))
+        if gpus is not None:
+            click.echo("\n" + format_schedule(name, config, gpus))
         return
-    path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet)
+    path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
+                     executor=chosen)
     click.echo(f"wrote run record {path}")

@@ -1,0 +1,37 @@
+"""Where a run's units of work execute (docs/executors.md).
+
+:func:`dihal_bench.runner.run_seed` hands each stage of a seed (locate, the bridge targets, the
+sweep, the methods, the steps axis, the metrics, latency) to an executor as a list of items that do
+not depend on each other; the executor returns their results in item order. The local executor
+does them one after the other in this process; the Ray executor (``ray.py``, extra ``[ray]``)
+spreads them over Ray actors, on one machine or a cluster.
+"""
+
+from __future__ import annotations
+
+from dihal_bench.errors import DihalError
+from dihal_bench.executors.base import Executor, Item
+from dihal_bench.executors.local import LocalExecutor
+
+#: the executors ``dihal-bench run --executor`` takes
+EXECUTORS = ("local", "ray")
+
+__all__ = ["EXECUTORS", "Executor", "Item", "LocalExecutor", "make_executor"]
+
+
+def make_executor(name: str = "local", *, address: str | None = None, workers: int | None = None) -> Executor:
+    """The executor called ``name``; ``address`` (a Ray cluster to join) and ``workers`` (how many
+    actors) are the Ray executor's. Raises DihalError, before any work, when Ray is missing."""
+    if name == "local":
+        if address or workers:
+            raise DihalError("--address and --workers are options of --executor ray")
+        return LocalExecutor()
+    if name != "ray":
+        raise DihalError(f"unknown executor {name!r}; known: {', '.join(EXECUTORS)}")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise DihalError("--executor ray needs Ray: pip install 'dihal-bench[ray]'") from None
+    from dihal_bench.executors.ray import RayExecutor
+
+    return RayExecutor(address=address, workers=workers)
