@@ -142,7 +142,8 @@ def train_bridge(backbone: Backbone, spec: BridgeSpec, layer: int, train_data: S
     mask = train_data.mask
     cond, target = train_data.states[0], train_data.states[layer]
     torch.manual_seed(spec.budget.seed)  # the same initial weights for every layer of a sweep
-    bridge = spec.build(backbone.width)
+    # built on the CPU (the same initial weights on any device), trained where the backbone runs
+    bridge = spec.build(backbone.width).to(backbone.device)
     bridge.fit_standardizer(cond, target, mask)
     result = train(bridge, training_loss, {"cond": cond, "target": target, "mask": mask}, spec.budget,
                    checkpoint_dir=checkpoint_dir, progress=progress, desc=f"bridge ℓ={layer}")
@@ -212,7 +213,7 @@ def train_bridge_streamed(backbone: Backbone, spec: BridgeSpec, layer: int, wind
     seeds and data order, memory bounded by the batch."""
     states = StreamedStates(backbone, layer)
     torch.manual_seed(spec.budget.seed)  # the same initial weights as train_bridge
-    bridge = spec.build(backbone.width)
+    bridge = spec.build(backbone.width).to(backbone.device)
     states.fit_standardizer(bridge, windows)
     result = train(bridge, states.loss, {"windows": windows}, spec.budget, checkpoint_dir=checkpoint_dir,
                    progress=progress, desc=f"bridge ℓ={layer} (streamed)")
