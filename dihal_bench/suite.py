@@ -254,7 +254,8 @@ RULES = {
     "locate.variants": lambda v, k, s: _names(v, k, s, PREPROCESSING, allow_empty=True),
     "locate.drop_top": lambda v, k, s: as_int(v, k, s, minimum=0),
     "sweep.layers": _layers,
-    "sweep.count": lambda v, k, s: as_int(v, k, s, minimum=1),
+    # an automatic sweep always holds ℓ* and the worst-scored layer, which may be two layers
+    "sweep.count": lambda v, k, s: as_int(v, k, s, minimum=2),
     "sweep.eval_sequences": lambda v, k, s: _count_or_all(v, k, s),
     "sweep.budget": _table,
     "budget": _table,

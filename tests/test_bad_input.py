@@ -57,6 +57,7 @@ CASES = {
     "temperature nan": (*RUN, "--suite", "smoke", "--set", "sampling.temperature=nan"),
     "learning rate infinite": (*RUN, "--suite", "smoke", "--set", "budget.lr=inf"),
     "sweep layer 0": (*RUN, "--suite", "smoke", "--set", "sweep.layers=[0]"),
+    "automatic sweep of one layer": (*RUN, "--suite", "smoke", "--set", "sweep.layers=auto", "--set", "sweep.count=1"),
     "unknown DiHAL role": (*RUN, "--suite", "smoke", "--set", 'methods.dihal=["best"]'),
     "device unknown": (*RUN, "--suite", "smoke", "--set", "device=nosuch"),
     "device without CUDA": (*RUN, "--suite", "smoke", "--set", "device=cuda:7"),
