@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "plugins" / "dihal_builtin" / "suites"
 BUILTIN_SUITES = sorted(SUITES.glob("*.toml"))
 RECORDS = sorted((ROOT / "results").glob("*.json"))
-DIAGNOSTIC_RECORD = ROOT / "results" / "diagnostic-smollm2-135m-20261201T232857Z.json"
+#: the newest committed diagnostic record
+DIAGNOSTIC_RECORD = sorted((ROOT / "results").glob("diagnostic-*.json"))[-1]
 #: SmolLM2-135M's hidden size: the width the committed diagnostic record's bridges were sized at
 SMOLLM2_WIDTH = 576
 
@@ -172,7 +173,8 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
     run = recording_run(config)
     spec, budget = bridge_spec(config, "budget", seed), matched_budget(config, seed, SMOLLM2_WIDTH)
     assert budget.to_dict() == stored["budget"]
-    made = {"dihal-chosen": runner.dihal_method(run, spec, budget, layer, seed, [layer])}
+    made = {f"dihal-{role}": runner.dihal_method(run, spec, budget, stored["roles"][role], seed, [layer])
+            for role in config.methods.dihal}
     for name in config.methods.controls:
         made[f"control-{name}"] = runner.control_method(run, name, spec, budget, layer, seed, [layer])
     for name in config.methods.references:
@@ -181,16 +183,9 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
         made[name] = runner.baseline_method(run, name, budget, seed)
     assert set(made) == set(stored["methods"])
     for name, method in made.items():
-        if name in MEASURED_SINCE:
-            continue
         for key in ("train_job", "samples_job"):
             assert method.get(key) == stored["methods"][name].get(key), (name, key)
 
-
-#: methods whose train job includes how their bridge is measured (runner.eval_identity), which has
-#: changed since the committed diagnostic record was made (bridgeability on every window): their
-#: keys differ from the record's on purpose; drop this when a newer record is committed
-MEASURED_SINCE = {"dihal-chosen", "control-regressor"}
 
 
 #: the key of the first job of each kind a seed makes (ℓ* = 3 on a 30-layer backbone of width 576),
@@ -201,7 +196,8 @@ FIRST_JOBS = {
     "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
                           "sweep-layer": "47625d92cde5633c", "dihal-train": "89b939d22a6e5bf0",
                           "samples": "85ebf45b1ed020e9", "baseline-train": "9869e04a398cf38a",
-                          "metrics": "be7aec36c42d0d13", "latency": "9894c1d1bfdd121c"},
+                          "metrics": "be7aec36c42d0d13", "latency": "8ad34eac364dacbb",
+                          "steps-point": "9999ca9d7a4de4c5"},
     "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "3783615758dab013",
               "dihal-train": "5ddfa9881220fe25", "samples": "18026f3ba49d7286", "baseline-train": "acbea2602cff2dfc",
               "steps-point": "945fc5e401eaf75d", "metrics": "238b00aaf153a065", "latency": "c3b6b9687642fbef"},
