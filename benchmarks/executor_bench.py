@@ -15,7 +15,6 @@ stored against streamed training states.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -71,9 +70,6 @@ def measure_targets(quick: bool, seed: int, layers: list[int]) -> dict[int, dict
     backbone, corpus = load_backbone(suite.backbone), load_corpus(suite.corpus)
     spec = common.bridge_spec(suite, budget)
     sequences = training_subset(packed_split(backbone, corpus, "train", budget.seq_len), [budget], seed)
-    if quick:
-        sequences = sequences[:16]
-        spec = dataclasses.replace(spec, budget=dataclasses.replace(budget, epochs=4))
     figures = {}
     for layer in layers:
         stored, extract_seconds = common.timed(with_states, backbone, sequences, [layer], False)
