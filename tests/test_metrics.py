@@ -504,7 +504,7 @@ def random_texts(seed: int, count: int) -> list[str]:
 
 def test_evaluator_metrics_run_the_evaluator_once_on_the_same_valid_samples(registered, model, monkeypatch):
     evaluator = OnePassEvaluator(model, make_tokenizer(with_bos=True))
-    monkeypatch.setattr(builtin, "_last_pass", None)
+    monkeypatch.setattr(builtin, "_last_pass", builtin._LastResult())
     invalid = ["", "the the the cat", "cat"]  # empty, degenerate, one scored token
     generations = random_texts(9, 12)
     samples = sample_set(invalid + generations, evaluator.tokenizer)

@@ -267,42 +267,48 @@ def _require_evaluator(ctx: MetricContext, metric: str) -> Evaluator:
     return ctx.evaluator
 
 
-# The last evaluator pass, so that gen_ppl, gen_ppl_sample_mean and mauve on the same
-# samples run the evaluator once. A weak reference, so the memo neither keeps a model alive
-# nor mistakes a new model at a recycled id() for the old one.
-_last_pass: tuple[weakref.ref, tuple, EvaluatorPass] | None = None
+class _LastResult:
+    """The last value computed for one evaluator and key: a one-entry memo. The evaluator is
+    held by a weak reference, so the memo neither keeps a model alive nor mistakes a new model
+    at a recycled id() for the old one."""
+
+    def __init__(self):
+        self._entry: tuple[weakref.ref, tuple, object] | None = None
+
+    def get(self, evaluator: Evaluator, key: tuple, compute: Callable[[], object]):
+        if self._entry is not None and self._entry[0]() is evaluator and self._entry[1] == key:
+            return self._entry[2]
+        value = compute()
+        self._entry = (weakref.ref(evaluator), key, value)
+        return value
+
+
+# The last evaluator pass, so that gen_ppl, gen_ppl_sample_mean and mauve on the same samples
+# run the evaluator once.
+_last_pass = _LastResult()
+# The references' features at every truncation, so that MAUVE's P side, length-matched to
+# each method's generations, costs one evaluator pass per run rather than one per method.
+_last_references = _LastResult()
 
 
 def _evaluator_pass(samples: SampleSet, ctx: MetricContext, metric: str) -> EvaluatorPass:
-    global _last_pass
     evaluator = _require_evaluator(ctx, metric)
+
+    def compute() -> EvaluatorPass:
+        evaluation = evaluate_texts(evaluator, samples.texts, max_batch_tokens=ctx.max_batch_tokens,
+                                    max_length=ctx.max_length)
+        for array in (evaluation.nll_sums, evaluation.counts, evaluation.text_tokens, evaluation.features):
+            array.flags.writeable = False  # shared by every caller of the memo
+        return evaluation
+
     # The batching is not in the key: it changes the numbers only by float rounding.
-    key = (tuple(samples.texts), ctx.max_length)
-    if _last_pass is not None and _last_pass[0]() is evaluator and _last_pass[1] == key:
-        return _last_pass[2]
-    evaluation = evaluate_texts(evaluator, samples.texts, max_batch_tokens=ctx.max_batch_tokens,
-                                max_length=ctx.max_length)
-    for array in (evaluation.nll_sums, evaluation.counts, evaluation.text_tokens, evaluation.features):
-        array.flags.writeable = False  # shared by every caller of the memo
-    _last_pass = (weakref.ref(evaluator), key, evaluation)
-    return evaluation
-
-
-# The references' features at every truncation, so that MAUVE's P side, length-matched to
-# each method's generations, costs one evaluator pass per run rather than one per method.
-_last_references: tuple[weakref.ref, tuple, PrefixFeatures] | None = None
+    return _last_pass.get(evaluator, (tuple(samples.texts), ctx.max_length), compute)
 
 
 def _reference_features(references: list[str], ctx: MetricContext) -> PrefixFeatures:
-    global _last_references
     evaluator = _require_evaluator(ctx, "mauve")
-    key = (tuple(references), ctx.max_length)
-    if _last_references is not None and _last_references[0]() is evaluator and _last_references[1] == key:
-        return _last_references[2]
-    features = prefix_features(evaluator, references, max_batch_tokens=ctx.max_batch_tokens,
-                               max_length=ctx.max_length)
-    _last_references = (weakref.ref(evaluator), key, features)
-    return features
+    return _last_references.get(evaluator, (tuple(references), ctx.max_length), lambda: prefix_features(
+        evaluator, references, max_batch_tokens=ctx.max_batch_tokens, max_length=ctx.max_length))
 
 
 def _validity(samples: SampleSet, evaluation: EvaluatorPass) -> tuple[list[int], list[str | None]]:
