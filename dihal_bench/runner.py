@@ -442,19 +442,14 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
                 "checkpoint": run.store.relative(folder / "bridge")}
 
     trained = run.store.run("dihal-train", train_job, train_work)
-    sampling = config.sampling
 
     def sample_work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(trained["checkpoint"]), run.backbone, layer=layer)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough,
                           steps=spec.sample_steps)
-        ids = hybrid.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
-                              top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size,
-                              progress=run.progress)
-        return write_samples(run, folder, ids)
+        return write_samples(run, folder, draw_samples(run, hybrid, seed))
 
-    sample_job = {"train": train_job,
-                  **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
+    sample_job = {"train": train_job, **sampling_identity(config), "seed": seed}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": kind, "layer": layer, "in_budget": True, "train": trained, "bridge": spec.name,
             "sample_steps": spec.sample_steps, "parameters": {"bridge": trained["parameters"]}, "samples": samples,
@@ -469,16 +464,13 @@ def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer:
     if name == "regressor":
         regressor = dataclasses.replace(spec, name=REGRESSOR_BRIDGE, options=dict(spec.options), sample_steps=None)
         return dihal_method(run, regressor, budget, layer, seed, data_layers, kind="control")
-    sampling = run.config.sampling
 
     def sample_work(folder: Path) -> dict:
-        ids = skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough).generate(
-            sampling.samples, sampling.seq_len, temperature=sampling.temperature, top_p=sampling.top_p,
-            seed=seed, batch_size=sampling.batch_size, progress=run.progress)
-        return write_samples(run, folder, ids)
+        skip = skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough)
+        return write_samples(run, folder, draw_samples(run, skip, seed))
 
     sample_job = {**run.identity(), "control": name, "layer": layer, "sink_passthrough": spec.sink_passthrough,
-                  **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed}
+                  **sampling_identity(run.config), "seed": seed}
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": "control", "layer": layer, "in_budget": False, "parameters": {}, "samples": samples,
             "samples_job": _hash("samples", sample_job)}
@@ -511,10 +503,8 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
     PPL on the validation windows, and the Gen.PPL of samples drawn with that K."""
     layer, config = method["layer"], run.config
     at_steps = dataclasses.replace(spec, sample_steps=steps)
-    sampling = config.sampling
-    job = {"train": method["train_job"], "steps": steps, **eval_identity(config),
-           **{k: getattr(sampling, k) for k in ("samples", "seq_len", "temperature", "top_p")}, "seed": seed,
-           "evaluator": config.evaluator, "max_length": config.metrics.max_length}
+    job = {"train": method["train_job"], "steps": steps, **eval_identity(config), **sampling_identity(config),
+           "seed": seed, "evaluator": config.evaluator, "max_length": config.metrics.max_length}
 
     def work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
@@ -523,9 +513,7 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
         quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid,
                                  lm_windows=config.sweep.eval_sequences, skip=False)
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=steps)
-        ids = hybrid.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
-                              top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size,
-                              progress=run.progress)
+        ids = draw_samples(run, hybrid, seed)
         texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
         scored = compute_named_metrics(run, f"DiHAL K={steps}", SampleSet(method=f"K={steps}", texts=texts,
                                                                           token_ids=ids.tolist()),
@@ -573,6 +561,18 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     samples = run.store.run("samples", sample_job, sample_work)
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
             "parameters": trained["parameters"], "samples": samples, "samples_job": _hash("samples", sample_job)}
+
+
+def sampling_identity(config: SuiteConfig) -> dict:
+    """What the samples an autoregressive hybrid draws depend on, for job hashes."""
+    return {key: getattr(config.sampling, key) for key in ("samples", "seq_len", "temperature", "top_p")}
+
+
+def draw_samples(run: Run, model: HybridLM, seed: int) -> torch.Tensor:
+    """The suite's samples from a hybrid (DiHAL, a control), drawn as every AR method draws them."""
+    sampling = run.config.sampling
+    return model.generate(sampling.samples, sampling.seq_len, temperature=sampling.temperature,
+                          top_p=sampling.top_p, seed=seed, batch_size=sampling.batch_size, progress=run.progress)
 
 
 def write_samples(run: Run, folder: Path, ids: torch.Tensor) -> dict:
