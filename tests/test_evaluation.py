@@ -207,14 +207,22 @@ def test_steps_axis_measures_each_k_with_the_same_weights():
             steps_axis(bridge, cond, target, mask, steps=bad)
 
 
-def test_evaluate_layer_gives_the_bridge_the_sink_as_the_hybrid_does(tiny_models, char_tokenizer):
+def tiny_bridge_at_layer_1(tiny_models, char_tokenizer, windows: int, seed: int):
+    """The tiny Llama, ``windows`` random windows with their states at 0 and 1, and an untrained
+    bridge for layer 1 whose standardiser is fitted on them."""
     backbone = HFBackbone(tiny_models["llama"], char_tokenizer, "tiny-llama")
-    layer, ids = 1, random_ids(4, 10, seed=3)
+    ids = random_ids(windows, 10, seed=seed)
     states = backbone.hidden_states(ids)
-    valid = SplitTensors(ids, {0: states[0], layer: states[layer]})
+    valid = SplitTensors(ids, {0: states[0], 1: states[1]})
     torch.manual_seed(0)
     bridge = DihalBridge(backbone.width, d_model=16, layers=1, heads=2, steps=2)
-    bridge.fit_standardizer(states[0], states[layer], valid.mask)
+    bridge.fit_standardizer(states[0], states[1], valid.mask)
+    return backbone, ids, states, valid, bridge
+
+
+def test_evaluate_layer_gives_the_bridge_the_sink_as_the_hybrid_does(tiny_models, char_tokenizer):
+    layer = 1
+    backbone, ids, states, valid, bridge = tiny_bridge_at_layer_1(tiny_models, char_tokenizer, 4, seed=3)
 
     for sink in (True, False):
         measured = evaluate_layer(backbone, bridge, layer, BridgeSpec(sink_passthrough=sink), valid, batch_size=2)
@@ -228,13 +236,8 @@ def test_evaluate_layer_gives_the_bridge_the_sink_as_the_hybrid_does(tiny_models
 
 
 def test_evaluate_layer_takes_every_window_for_bridgeability_and_a_subset_for_the_lm(tiny_models, char_tokenizer):
-    backbone = HFBackbone(tiny_models["llama"], char_tokenizer, "tiny-llama")
-    layer, ids = 1, random_ids(6, 10, seed=4)
-    states = backbone.hidden_states(ids)
-    valid = SplitTensors(ids, {0: states[0], layer: states[layer]})
-    torch.manual_seed(0)
-    bridge = DihalBridge(backbone.width, d_model=16, layers=1, heads=2, steps=2)
-    bridge.fit_standardizer(states[0], states[layer], valid.mask)
+    layer = 1
+    backbone, ids, states, valid, bridge = tiny_bridge_at_layer_1(tiny_models, char_tokenizer, 6, seed=4)
 
     measured = evaluate_layer(backbone, bridge, layer, BridgeSpec(), valid, batch_size=2, lm_windows=3, skip=False)
     subset = validation_subset(ids, 3)
