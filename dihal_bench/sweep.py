@@ -83,8 +83,11 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     seq_len = spec.budget.seq_len
     started = time.perf_counter()
     train_sequences = training_subset(packed_split(backbone, corpus, "train", seq_len), [spec.budget], spec.budget.seed)
-    # streamed: only the token windows are held; stored: their states at every swept layer
-    train_data = None if stream_targets else with_states(backbone, train_sequences, layers, progress)
+    # streamed: only the bridge's token windows are held; stored: also their states at every swept layer
+    if stream_targets:
+        windows = bridge_windows(backbone, train_sequences)
+    else:
+        train_data = with_states(backbone, train_sequences, layers, progress)
     # bridgeability on every validation window, the language-model measures on a seeded subset
     valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len), layers, progress)
     extract_seconds = time.perf_counter() - started
@@ -94,7 +97,6 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     for layer in layers:
         checkpoint = None if work_dir is None else Path(work_dir) / f"bridge-layer{layer}"
         if stream_targets:
-            windows = bridge_windows(backbone, train_sequences)
             bridge, stats = train_bridge_streamed(backbone, spec, layer, windows, checkpoint, progress)
         else:
             bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)
