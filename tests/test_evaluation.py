@@ -22,7 +22,9 @@ from dihal_bench.bridge_training import (
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
 from dihal_bench.evaluation import (
+    backbone_log_probs,
     bridge_reconstruction,
+    hybrid_against_backbone,
     kl_to_backbone,
     steps_axis,
     teacher_forced_nll,
@@ -87,6 +89,27 @@ def test_kl_is_zero_for_the_oracle_and_matches_torch_for_the_skip_control(backbo
     kl = kl_to_backbone(backbone, control, ids, 3)
     assert kl > 1e-2
     assert kl == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_backbone_pass_is_memoised_across_hybrids_and_recomputed_for_new_windows(backbone, monkeypatch):
+    ids = random_ids(4, 10, seed=7)
+    first = hybrid_against_backbone(backbone, skip_control(backbone, 1), ids, 3)
+    calls = []
+    original = backbone.logits
+    monkeypatch.setattr(backbone, "logits", lambda batch: calls.append(batch.shape[0]) or original(batch))
+    # another hybrid on the same windows reads the memo: exactly the uncached numbers, no backbone pass
+    second = hybrid_against_backbone(backbone, skip_control(backbone, 2), ids, 3)
+    assert calls == []
+    monkeypatch.undo()
+    fresh = [F.log_softmax(backbone.logits(ids[i:i + 3])[:, :-1].float(), dim=-1) for i in (0, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(backbone_log_probs(backbone, ids, 3), fresh, strict=True))
+    assert second["kl"] == kl_to_backbone(backbone, skip_control(backbone, 2), ids, 3)
+    assert first["kl"] != second["kl"]
+    # other windows or another batching are a new pass
+    monkeypatch.setattr(backbone, "logits", lambda batch: calls.append(batch.shape[0]) or original(batch))
+    backbone_log_probs(backbone, ids.flip(0), 3)
+    backbone_log_probs(backbone, ids.flip(0), 4)
+    assert calls == [3, 1, 4]
 
 
 def test_sequences_too_short_to_predict_are_refused(backbone):

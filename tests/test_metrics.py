@@ -18,6 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dihal_bench import hookspecs
 from dihal_bench.errors import DihalError
+from dihal_bench.memo import LastResult
 from dihal_bench.metrics import (
     MetricContext,
     PrefixFeatures,
@@ -504,7 +505,7 @@ def random_texts(seed: int, count: int) -> list[str]:
 
 def test_evaluator_metrics_run_the_evaluator_once_on_the_same_valid_samples(registered, model, monkeypatch):
     evaluator = OnePassEvaluator(model, make_tokenizer(with_bos=True))
-    monkeypatch.setattr(builtin, "_last_pass", builtin._LastResult())
+    monkeypatch.setattr(builtin, "_last_pass", LastResult())
     invalid = ["", "the the the cat", "cat"]  # empty, degenerate, one scored token
     generations = random_texts(9, 12)
     samples = sample_set(invalid + generations, evaluator.tokenizer)

@@ -17,13 +17,13 @@ Rank correlations across layers are not per-sample metrics: they live in the cor
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from dihal_bench import hookimpl
 from dihal_bench.errors import DihalError
+from dihal_bench.memo import LastResult
 from dihal_bench.metrics import (
     Evaluator,
     EvaluatorPass,
@@ -267,28 +267,12 @@ def _require_evaluator(ctx: MetricContext, metric: str) -> Evaluator:
     return ctx.evaluator
 
 
-class _LastResult:
-    """The last value computed for one evaluator and key: a one-entry memo. The evaluator is
-    held by a weak reference, so the memo neither keeps a model alive nor mistakes a new model
-    at a recycled id() for the old one."""
-
-    def __init__(self):
-        self._entry: tuple[weakref.ref, tuple, object] | None = None
-
-    def get(self, evaluator: Evaluator, key: tuple, compute: Callable[[], object]):
-        if self._entry is not None and self._entry[0]() is evaluator and self._entry[1] == key:
-            return self._entry[2]
-        value = compute()
-        self._entry = (weakref.ref(evaluator), key, value)
-        return value
-
-
 # The last evaluator pass, so that gen_ppl, gen_ppl_sample_mean and mauve on the same samples
 # run the evaluator once.
-_last_pass = _LastResult()
+_last_pass = LastResult()
 # The references' features at every truncation, so that MAUVE's P side, length-matched to
 # each method's generations, costs one evaluator pass per run rather than one per method.
-_last_references = _LastResult()
+_last_references = LastResult()
 
 
 def _evaluator_pass(samples: SampleSet, ctx: MetricContext, metric: str) -> EvaluatorPass:
