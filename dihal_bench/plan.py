@@ -93,8 +93,11 @@ def budget_sections(config: SuiteConfig, num_layers: int | None = None, *, bridg
     """The budget sections ("sweep.budget", then "budget") whose training sequences a run draws:
     the sweep's when it has a layer, the matched budget's when a bridge (DiHAL, the regressor
     control) or a baseline trains under it. ``bridge_targets``: only those whose sequences need
-    bridge targets, which baselines do not (they read tokens). The one place that decides it, for
+    bridge targets, which baselines do not (they read tokens), and none with streamed targets
+    (``bridge.targets``: each training step computes its own). The one place that decides it, for
     the plan, the target extraction and the check that the training split can feed every budget."""
+    if bridge_targets and config.bridge.targets == "streamed":
+        return []
     sections = ["sweep.budget"] if sweep_size(config, num_layers) else []
     if trains_matched_bridges(config) or (config.methods.baselines and not bridge_targets):
         sections.append("budget")
@@ -166,14 +169,14 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
         needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
         return "one forward pass over the training subset, stored", needed * length, 0
     if unit.stage == "sweep":
-        return (f"{sweep_budget.steps} steps", eval_windows(sweep) * sweep_budget.seq_len * 3,
+        return (f"{sweep_budget.steps} steps{streamed(config)}",
+                eval_windows(sweep) * sweep_budget.seq_len * 3 + streamed_tokens(config, sweep_budget),
                 sweep_budget.steps * sweep_budget.tokens_per_step)
-    if unit.stage == "dihal":
-        return f"{budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
+    if unit.stage == "dihal" or unit.label == "control-regressor":
+        return (f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
+                samples + streamed_tokens(config, budget), budget.steps * budget.tokens_per_step)
     if unit.label == "control-skip":
         return f"{sampling.samples} samples, nothing trained", samples, 0
-    if unit.stage == "controls":
-        return f"{budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
     if unit.stage == "references":
         return f"{sampling.samples} texts drawn, no model", 0, 0
     if unit.stage == "steps":
@@ -185,6 +188,33 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
         return f"{sampling.samples} samples under the evaluator", samples * 2, 0
     repeats = config.metrics.latency_repeats
     return f"{repeats} timed decodes per method", (repeats + 1) * len(method_names(config)) * samples, 0
+
+
+def streamed(config: SuiteConfig) -> str:
+    return ", targets streamed" if config.bridge.targets == "streamed" else ""
+
+
+def streamed_tokens(config: SuiteConfig, budget: Budget) -> int:
+    """Backbone tokens a bridge job adds when its targets are streamed: every step runs its batch
+    through layers 1..ℓ, counted as half a full pass (ℓ is unknown before locate)."""
+    return budget.steps * budget.tokens_per_step // 2 if config.bridge.targets == "streamed" else 0
+
+
+def targets_memory(config: SuiteConfig) -> str:
+    if config.bridge.targets == "streamed":
+        return ("bridge targets are streamed: a training step holds its own batch's states, the validation "
+                "windows' states one layer at a time")
+    return "stored bridge targets add n_train x T x d x 4 bytes per layer on the host"
+
+
+def worker_memory(config: SuiteConfig) -> int | None:
+    """Bytes a worker holding the suite's models needs: the backbone's weights and, if it is
+    another model, the evaluator's, in the suite's dtype (None when a size is unknown). What one
+    metrics job needs, the most any job holds besides stored bridge targets."""
+    sizes = [backbone_parameters(name) for name in dict.fromkeys((config.backbone, config.evaluator))]
+    if not all(sizes):
+        return None
+    return int(sum(sizes) * BYTES.get(config.dtype, 4))
 
 
 def _device_kind(config: SuiteConfig) -> str:
@@ -222,8 +252,7 @@ def format_plan(name: str, config: SuiteConfig) -> str:
     if params:
         weights = params * bytes_per
         lines.append(f"\nmemory: backbone weights {weights / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters, "
-                     f"{config.dtype}); bridge training targets add n_train x T x d x 4 bytes per swept layer "
-                     f"on the host")
+                     f"{config.dtype}); {targets_memory(config)}")
         lines.append(f"time: FLOPs / {THROUGHPUT[device]:.1e} FLOP/s assumed sustained on {device}; "
                      "order-of-magnitude only")
     else:
@@ -251,8 +280,7 @@ def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
                 "(not declared by its plugin, not in its name)")
     units = seed_units(config)
     weights = params * BYTES.get(config.dtype, 4)
-    evaluator = backbone_parameters(config.evaluator)
-    scored = weights if config.evaluator == config.backbone else weights + (evaluator or 0) * BYTES.get(config.dtype, 4)
+    scored = worker_memory(config) or weights
     rows, critical, makespan, device_seconds = [], 0.0, 0.0, 0.0
     for stages in PARALLEL_STAGES:
         jobs = [unit_seconds(unit, config, params) for unit in units if unit.stage in stages]
@@ -275,7 +303,7 @@ def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
         f"on {devices} {kind}{'s' if devices > 1 else ''}: {_duration(makespan)} per seed, "
         f"{_duration(makespan * seeds)} for {seeds} seed(s); {device_seconds * seeds / 3600:.1f} {kind}-hours in all",
         "memory per job: the backbone's weights (and the evaluator's for metrics) in the suite's dtype; "
-        "stored bridge targets add n_train x T x d x 4 bytes per layer on the host (streamed: one batch)",
+        f"{targets_memory(config)}",
         f"time: FLOPs / {THROUGHPUT[_device_kind(config)]:.1e} FLOP/s assumed sustained; order-of-magnitude only",
     ])
 

@@ -28,15 +28,19 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone, load_backbone
+from dihal_bench.bridge import HiddenStateBridge
 from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
 from dihal_bench.bridge_training import (
     BRIDGE_PROTOCOL,
     BridgeSpec,
     SplitTensors,
+    bridge_windows,
     evaluate_layer,
     packed_split,
     train_bridge,
+    train_bridge_streamed,
     training_subset,
+    validation_subset,
     with_states,
 )
 from dihal_bench.budget import Budget
@@ -162,11 +166,31 @@ class Run:
         states = {at: load_file(self.store.resolve(stored["layers"][str(at)]))["states"][:count] for at in (0, layer)}
         return SplitTensors(sequences, states)
 
-    def valid_states(self, seq_len: int, layers: list[int]) -> SplitTensors:
+    @property
+    def streams_targets(self) -> bool:
+        return self.config.bridge.targets == "streamed"
+
+    def train_bridge(self, spec: BridgeSpec, layer: int, checkpoint: Path) -> tuple[HiddenStateBridge, dict]:
+        """Train ``spec``'s bridge for ``layer`` on the seed's training windows: on the states the
+        bridge-targets job stored, or, with ``bridge.targets = "streamed"``, on states the frozen
+        layers 1..ℓ compute for each batch (nothing stored; memory bounded by the batch)."""
+        if self.streams_targets:
+            windows = bridge_windows(self.backbone, self.train_sequences(spec.budget, spec.budget.seed))
+            return train_bridge_streamed(self.backbone, spec, layer, windows, checkpoint, self.progress)
+        return train_bridge(self.backbone, spec, layer, self.train_states(spec.budget, layer), checkpoint,
+                            self.progress)
+
+    def valid_states(self, seq_len: int, layer: int, data_layers: list[int]) -> SplitTensors:
+        """The validation windows bridgeability reads (all of them, or the seeded
+        ``sweep.bridgeability_windows``; the LM measures take a seeded subset of these) with
+        their states: at every bridge layer of the seed (``data_layers``) from one pass that all
+        the seed's jobs share, or, when targets are streamed, at ``layer`` alone, so that memory
+        holds one layer's states and the pass stops at ℓ."""
+        layers = [layer] if self.streams_targets else data_layers
         cache = self._valid_states
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
-            # every window: bridgeability reads them all, the LM measures a seeded subset of them
-            sequences = packed_split(self.backbone, self.corpus, "validation", seq_len)
+            sequences = validation_subset(packed_split(self.backbone, self.corpus, "validation", seq_len),
+                                          self.config.sweep.bridgeability_windows)
             cache[seq_len] = with_states(self.backbone, sequences, layers, self.progress)
         return cache[seq_len]
 
@@ -259,7 +283,15 @@ EXAMPLES = 5
 
 def eval_identity(config: SuiteConfig) -> dict:
     """What the validation measurements of a bridge job depend on: which windows each measure reads."""
-    return {"eval_sequences": config.sweep.eval_sequences, "eval_subset": "seeded", "bridgeability_windows": "all"}
+    return {"eval_sequences": config.sweep.eval_sequences, "eval_subset": "seeded",
+            "bridgeability_windows": config.sweep.bridgeability_windows}
+
+
+def targets_identity(config: SuiteConfig) -> dict:
+    """What a bridge-training job adds to its key for how its targets came: streamed states equal
+    the stored ones only up to float rounding (another batch composition through the backbone), so
+    a streamed bridge is another job; the stored path keeps the keys it always had."""
+    return {"targets": "streamed"} if config.bridge.targets == "streamed" else {}
 
 
 def metric_names(config: SuiteConfig) -> list[str]:
@@ -412,12 +444,11 @@ def sweep_layer(run: Run, spec: BridgeSpec, layer: int, data_layers: list[int]) 
     """Train and evaluate the sweep's bridge for ``layer`` under the sweep's fixed protocol."""
     config = run.config
     job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer,
-           **eval_identity(config)}
+           **eval_identity(config), **targets_identity(config)}
 
     def work(folder: Path) -> dict:
-        train = run.train_states(spec.budget, layer)
-        bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
-        valid = run.valid_states(spec.budget.seq_len, data_layers)
+        bridge, stats = run.train_bridge(spec, layer, folder / "checkpoint")
+        valid = run.valid_states(spec.budget.seq_len, layer, data_layers)
         return {"layer": layer, **stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid,
                                                           lm_windows=config.sweep.eval_sequences)}
 
@@ -429,14 +460,14 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
     """DiHAL at ``layer`` under the matched budget: train, evaluate, sample. ``spec`` names the
     bridge; the one-step regressor control comes through here too (``kind`` "control")."""
     config = run.config
-    train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer, **eval_identity(config)}
+    train_job = {**run.identity(), **spec.identity(run.backbone.width), "layer": layer, **eval_identity(config),
+                 **targets_identity(config)}
 
     def train_work(folder: Path) -> dict:
         budget.check_allowance({"bridge": spec.parameter_count(run.backbone.width)}, name=f"DiHAL bridge (layer {layer})")
-        train = run.train_states(spec.budget, layer)
-        bridge, stats = train_bridge(run.backbone, spec, layer, train, folder / "checkpoint", run.progress)
+        bridge, stats = run.train_bridge(spec, layer, folder / "checkpoint")
         save_bridge_checkpoint(bridge, spec.name, layer, run.backbone.name, folder / "bridge")
-        valid = run.valid_states(spec.budget.seq_len, data_layers)
+        valid = run.valid_states(spec.budget.seq_len, layer, data_layers)
         return {**stats, **evaluate_layer(run.backbone, bridge, layer, spec, valid,
                                           lm_windows=config.sweep.eval_sequences),
                 "checkpoint": run.store.relative(folder / "bridge")}
@@ -508,7 +539,7 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
 
     def work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
-        valid = run.valid_states(spec.budget.seq_len, data_layers)
+        valid = run.valid_states(spec.budget.seq_len, layer, data_layers)
         # the skip control does not depend on K: its perplexity is the sweep's
         quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid,
                                  lm_windows=config.sweep.eval_sequences, skip=False)

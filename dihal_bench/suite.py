@@ -37,6 +37,8 @@ CONTROLS = ("skip", "regressor")
 REFERENCES = ("unigram", "human")
 PREPROCESSING = ("trace", "none", "standardize", "trace-drop-top")  # = geometry.PREPROCESSING_MODES
 DTYPES = ("float32", "bfloat16", "float16")
+#: how bridge training windows get their hidden states (bridge.targets)
+BRIDGE_TARGETS = ("stored", "streamed")
 
 DEFAULTS: dict = {
     "description": "",
@@ -60,10 +62,16 @@ DEFAULTS: dict = {
         "layers": "auto",
         "count": 10,
         "eval_sequences": 64,
+        # validation windows bridgeability is measured on (and the LM windows drawn from): "all" or a
+        # seeded subset, for validation splits whose states at every swept layer do not fit memory
+        "bridgeability_windows": "all",
         "budget": {},
     },
     "budget": {},
     "bridge": {"name": "dihal-bridge", "options": {}, "sample_steps": 8, "sink_passthrough": True,
+               # "stored": one extraction job keeps every training window's states at every bridge
+               # layer on disk; "streamed": each training step computes its batch's states (docs/method.md#bridge)
+               "targets": "stored",
                # DiHAL at ℓ* re-evaluated (bridgeability, hybrid PPL, samples) at each of these K
                "steps_axis": []},
     "methods": {"dihal": list(DIHAL_ROLES), "controls": [], "references": [], "baselines": []},
@@ -95,6 +103,13 @@ def _merge(base: dict, update: dict, where: tuple[str, ...], source: str) -> dic
         else:
             merged[key] = value
     return merged
+
+
+def record_config(stored: dict, source: str = "run record") -> SuiteConfig:
+    """The config a run record stores (its ``config``), typed. A key added to the suites since the
+    record was written takes its default, which is always the behaviour before the key existed, so
+    the config still names what that run did and its jobs' keys."""
+    return SuiteConfig.from_checked(check_values(_merge(DEFAULTS, stored, (), source), source))
 
 
 def load_suite_file(path: Path) -> SuiteConfig:
@@ -257,12 +272,14 @@ RULES = {
     # an automatic sweep always holds ℓ* and the worst-scored layer, which may be two layers
     "sweep.count": lambda v, k, s: as_int(v, k, s, minimum=2),
     "sweep.eval_sequences": lambda v, k, s: _count_or_all(v, k, s),
+    "sweep.bridgeability_windows": lambda v, k, s: _count_or_all(v, k, s),
     "sweep.budget": _table,
     "budget": _table,
     "bridge.name": _string,
     "bridge.options": _table,
     "bridge.sample_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
     "bridge.sink_passthrough": _bool,
+    "bridge.targets": lambda v, k, s: _string(v, k, s, BRIDGE_TARGETS),
     "bridge.steps_axis": lambda v, k, s: _counts(v, k, s),
     "methods.dihal": lambda v, k, s: _names(v, k, s, DIHAL_ROLES, allow_empty=True),
     "methods.controls": lambda v, k, s: _names(v, k, s, CONTROLS, allow_empty=True),
@@ -298,6 +315,11 @@ def check_values(config: dict, source: str = "suite") -> dict:
     for section, table in (("budget", checked["budget"]), ("sweep.budget", checked["sweep"]["budget"])):
         budget = Budget.from_dict(table, section=section, source=source)
         table.update({key: getattr(budget, key) for key in table})  # typed as the Budget holds them
+    sweep = checked["sweep"]
+    if sweep["bridgeability_windows"] != "all" and (sweep["eval_sequences"] == "all"
+                                                     or sweep["eval_sequences"] > sweep["bridgeability_windows"]):
+        raise DihalError(f"{source}: sweep.eval_sequences ({sweep['eval_sequences']}) must not exceed "
+                         f"sweep.bridgeability_windows ({sweep['bridgeability_windows']}): the LM windows are drawn from them")
     if checked["bridge"]["steps_axis"] and "chosen" not in checked["methods"]["dihal"]:
         raise DihalError(f"{source}: bridge.steps_axis re-evaluates DiHAL at ℓ*, so methods.dihal must include 'chosen'")
     return checked

@@ -88,6 +88,7 @@ class SweepSettings(_Table):
     layers: str | tuple[int, ...]  # "auto" or the layers themselves
     count: int
     eval_sequences: int | str  # a count or "all"
+    bridgeability_windows: int | str  # a count or "all"
     budget: Mapping[str, Any]  # free-form: a Budget's fields
 
 
@@ -99,6 +100,7 @@ class BridgeSettings(_Table):
     options: Mapping[str, Any]  # free-form: the bridge plugin's keyword arguments
     sample_steps: int
     sink_passthrough: bool
+    targets: str  # "stored" or "streamed"
     steps_axis: tuple[int, ...]
 
 

@@ -73,3 +73,29 @@ def test_the_dry_run_prints_the_schedule_only_when_asked_and_only_as_a_plan():
     assert plain.exit_code == 0 and "critical path" not in plain.output
     refused = runner.invoke(cli, ["run", "--suite", "smoke", "--gpus", "2"])
     assert refused.exit_code == 2 and "--gpus plans a schedule" in refused.output
+
+
+def test_a_worker_holds_the_backbone_and_a_distinct_evaluator_in_the_suites_dtype():
+    smol, gemma = plan.backbone_parameters("smollm2-135m"), plan.backbone_parameters("gemma3-270m")
+    assert smol and gemma
+    _, smoke = resolve_suite("smoke")  # the evaluator is the backbone: held once
+    _, diagnostic = resolve_suite("diagnostic")
+    _, paper = resolve_suite("paper")  # bfloat16
+    assert plan.worker_memory(smoke) == int(smol * 4)
+    assert plan.worker_memory(diagnostic) == int((smol + gemma) * 4)
+    assert plan.worker_memory(paper) == int(8e9 * 2)
+    assert plan.worker_memory(dataclasses.replace(smoke, evaluator="some/model-without-a-size")) is None
+
+
+def test_a_streamed_suite_plans_no_extraction_and_counts_the_streaming_in_its_bridge_jobs():
+    _, diagnostic = resolve_suite("diagnostic")
+    streamed = dataclasses.replace(diagnostic, bridge=dataclasses.replace(diagnostic.bridge, targets="streamed"))
+    assert any(unit.stage == "targets" for unit in plan.seed_units(diagnostic))
+    assert not any(unit.stage == "targets" for unit in plan.seed_units(streamed))
+    sweep = next(unit for unit in plan.seed_units(streamed) if unit.stage == "sweep")
+    budget = plan.Budget.from_dict(diagnostic.sweep.budget)
+    # half a pass over every trained token, on top of the stored path's evaluation passes
+    assert plan.unit_cost(sweep, streamed)[1] - plan.unit_cost(sweep, diagnostic)[1] == \
+        budget.steps * budget.tokens_per_step // 2
+    assert "streamed" in plan.format_plan("diagnostic", streamed)
+    assert "stored bridge targets" in plan.format_plan("diagnostic", diagnostic)

@@ -111,10 +111,16 @@ class RayExecutor(Executor):
         self.connected = True
 
     def _start_workers(self, run) -> None:
+        from dihal_bench.plan import worker_memory
+
         gpu = str(run.config.device).startswith("cuda")
         count = self._count(run, gpu)
+        # On CPU the models live in host memory, so Ray is told what a worker holds (the plan's
+        # estimate) and places no more workers on a node than its memory takes; on a GPU the
+        # weights live on the worker's own device.
+        memory = None if gpu else worker_memory(run.config)
         remote = ray.remote(RunWorker).options(
-            num_cpus=self.cpus_per_worker, num_gpus=1 if gpu else 0,
+            num_cpus=self.cpus_per_worker, num_gpus=1 if gpu else 0, **({"memory": memory} if memory else {}),
             max_restarts=RESTARTS, max_task_retries=RESTARTS)
         # each actor sees exactly its one GPU (Ray sets CUDA_VISIBLE_DEVICES), so "cuda" is it
         self.actors = [remote.remote(run.suite, run.config.to_dict(), str(run.out_root.resolve()),
