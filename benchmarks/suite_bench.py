@@ -83,6 +83,9 @@ def breakdown(records: list[dict]) -> dict:
         "total_seconds_per_seed": total / seeds,
         "seeds": seeds,
         "slowest_stage": max(timed, key=lambda stage: stages[stage]),
+        # each seed's own stage times, where the record keeps them (records since 2026-12-02)
+        "per_seed": {f"{record['created']} seed {entry['seed']}": entry["timings"]
+                     for record in records for entry in record["per_seed"] if "timings" in entry},
     }
 
 
@@ -116,6 +119,12 @@ def main() -> None:
     print(f"suite {record['suite']} on {record['backbone']} ({figures['seeds']} seed(s)), from {source}")
     print(tabulate(rows, headers=["stage", "seconds", "share %", "seconds per seed"], floatfmt=".1f"))
     print(f"slowest stage: {figures['slowest_stage']}")
+    if figures["per_seed"]:
+        names = list(figures["per_seed"])
+        print("\nper seed (seconds):")
+        print(tabulate([[stage, *(figures["per_seed"][name].get(stage) for name in names)]
+                        for stage in [*STAGES, "total_seconds"] if any(stage in t for t in figures["per_seed"].values())],
+                       headers=["stage", *names], floatfmt=".1f", missingval="—"))
     if wall_seconds is not None:
         print(f"command wall-clock {wall_seconds:.1f} s (the record's total plus start-up and imports)")
 

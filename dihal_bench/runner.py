@@ -222,7 +222,12 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
         per_seed = []
         for seed in tqdm(config.seeds, desc=f"suite {suite}", unit="seed",
                          disable=not progress or len(config.seeds) < 2):
+            before, seed_started = dict(run.timings), time.perf_counter()
             per_seed.append(run_seed(run, seed, executor))
+            # this seed's share of the stage times: what a per-seed cost is read from (a resumed
+            # run's jobs found finished cost close to nothing)
+            timings = {stage: seconds - before.get(stage, 0.0) for stage, seconds in run.timings.items()}
+            per_seed[-1]["timings"] = {**timings, "total_seconds": time.perf_counter() - seed_started}
         record = {
             "format": RECORD_FORMAT,
             "suite": suite,

@@ -229,6 +229,10 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert seed["methods"]["reference-human"]["metrics"]["gen_ppl"] > 1
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
     assert record["environment"]["torch"] and record["config"]["budget"]["steps"] == 6
+    # one seed: its own stage times are the record's
+    assert {k: v for k, v in seed["timings"].items() if k != "total_seconds"} == \
+        {k: v for k, v in record["timings"].items() if k != "total_seconds"}
+    assert 0 < seed["timings"]["total_seconds"] <= record["timings"]["total_seconds"]
     assert load_record(path) == record  # a v2 record, valid under its schema
     assert record["metrics"]["gen_ppl"]["higher_is_better"] is False
     assert list(record["metrics"]) == ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
