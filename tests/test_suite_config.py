@@ -207,14 +207,14 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
 
 #: the key of the first job of each kind a seed makes (ℓ* = 3 on a 30-layer backbone of width 576),
 #: as computed from the suite dicts before the typed config, then with bridgeability measured on
-#: every validation window (which changed the bridge jobs' keys on purpose): a change here orphans
-#: stored jobs
+#: every validation window, then with the diagnostic suite's K = 4 (both changed the bridge jobs' keys on
+#: purpose; locate, targets and baselines kept theirs): a change here orphans stored jobs
 FIRST_JOBS = {
     "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
-                          "sweep-layer": "47625d92cde5633c", "dihal-train": "89b939d22a6e5bf0",
-                          "samples": "85ebf45b1ed020e9", "baseline-train": "9869e04a398cf38a",
-                          "metrics": "be7aec36c42d0d13", "latency": "8ad34eac364dacbb",
-                          "steps-point": "9999ca9d7a4de4c5"},
+                          "sweep-layer": "79664c8798a78b58", "dihal-train": "376f6638cfacbf97",
+                          "samples": "e67fd296b3f6b148", "baseline-train": "9869e04a398cf38a",
+                          "metrics": "b2b561b6a718178a", "latency": "6274064ebf5197c6",
+                          "steps-point": "4d9fa9b78038c741"},
     "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "3783615758dab013",
               "dihal-train": "5ddfa9881220fe25", "samples": "18026f3ba49d7286", "baseline-train": "acbea2602cff2dfc",
               "steps-point": "945fc5e401eaf75d", "metrics": "238b00aaf153a065", "latency": "c3b6b9687642fbef"},

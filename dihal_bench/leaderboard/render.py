@@ -180,7 +180,7 @@ def breakable(text: str) -> str:
 def html_table(table: Table, columns: Sequence[Column], *, usual: int | None = None, sortable: bool = False,
                whole_values: bool = False) -> str:
     """``columns`` of ``table`` as an HTML table; sortable ones carry each cell's sort key, and
-    with ``whole_values`` no line breaks inside a ``mean ± std``."""
+    with ``whole_values`` a ``mean ± std`` breaks, if the window is narrow, only after its ``±``."""
     kinds = [' class="text"' if column.kind == "text" else "" for column in columns]
     head = "".join(f'<th scope="col"{kind}{_title(column.description)}>{breakable(column.header)}</th>'
                    for column, kind in zip(columns, kinds))
@@ -193,7 +193,7 @@ def html_table(table: Table, columns: Sequence[Column], *, usual: int | None = N
             text = cell(table, column, row, usual=usual)
             shown = breakable(text) if kind else html.escape(text)
             if whole_values and not kind:
-                shown = shown.replace(" ± ", "&nbsp;±&nbsp;")
+                shown = shown.replace(" ± ", "&nbsp;± ")
             tds.append(f"<td{attributes}>{shown}</td>")
         rows.append(f"<tr>{''.join(tds)}</tr>")
     classes = "leaderboard sortable" if sortable else "leaderboard"
