@@ -11,7 +11,7 @@ tokens at 1..T−1: each sequence contributes T−1 predicted tokens.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -78,18 +78,26 @@ def hybrid_against_backbone(backbone: Backbone, hybrid: HybridLM, sequences: Ten
 # hybrid with the same backbone on the same windows, and the full backbone pass cost as much
 # as the hybrid's own (≈ 10 s for 64 windows of 64 tokens on 2 cores).
 _last_log_probs = LastResult()
+#: the most host memory the memo may hold; larger sets (the paper suite's 512 windows of 256 tokens
+#: over a 128k vocabulary would be 67 GB) are computed a batch at a time on every call, as before
+LOG_PROBS_MEMO_BYTES = 2 * 2**30
 
 
-@torch.no_grad()
-def backbone_log_probs(backbone: Backbone, sequences: Tensor, batch_size: int = 16) -> list[Tensor]:
+def backbone_log_probs(backbone: Backbone, sequences: Tensor, batch_size: int = 16) -> Iterable[Tensor]:
     """The backbone's next-token log-probabilities at positions 0..T−2 of ``sequences``, one
-    float32 CPU tensor (b, T−1, V) per batch of ``batch_size`` rows, memoised for the last
-    backbone and windows: n·(T−1)·V floats (0.8 GB for 64 windows of 64 tokens over a 49k
-    vocabulary). The batching is in the key because it is in the numbers (float rounding)."""
+    float32 tensor (b, T−1, V) per batch of ``batch_size`` rows. Memoised (on the CPU) for the
+    last backbone and windows when they fit ``LOG_PROBS_MEMO_BYTES``: n·(T−1)·V floats, 0.8 GB
+    for 64 windows of 64 tokens over a 49k vocabulary. The batching is in the key because it is
+    in the numbers (float rounding)."""
+    def passes() -> Iterator[Tensor]:
+        with torch.no_grad():
+            for batch in _batches(sequences, batch_size, False, "backbone log-probabilities"):
+                yield F.log_softmax(backbone.logits(batch)[:, :-1].float(), dim=-1)
+
+    if sequences.shape[0] * (sequences.shape[1] - 1) * backbone.vocab_size * 4 > LOG_PROBS_MEMO_BYTES:
+        return passes()
     key = (tuple(sequences.shape), sequences.cpu().numpy().tobytes(), batch_size)
-    return _last_log_probs.get(backbone, key, lambda: [
-        F.log_softmax(backbone.logits(batch)[:, :-1].float(), dim=-1).cpu()
-        for batch in _batches(sequences, batch_size, False, "backbone log-probabilities")])
+    return _last_log_probs.get(backbone, key, lambda: [log_p.cpu() for log_p in passes()])
 
 
 @torch.no_grad()

@@ -22,6 +22,3 @@ class LastResult:
         value = compute()
         self._entry = (weakref.ref(model), key, value)
         return value
-
-    def clear(self) -> None:
-        self._entry = None

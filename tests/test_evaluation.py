@@ -112,6 +112,21 @@ def test_the_backbone_pass_is_memoised_across_hybrids_and_recomputed_for_new_win
     assert calls == [3, 1, 4]
 
 
+def test_log_probabilities_over_the_memory_bound_are_recomputed_with_the_same_numbers(backbone, monkeypatch):
+    from dihal_bench import evaluation
+
+    ids = random_ids(4, 10, seed=11)
+    memoised = hybrid_against_backbone(backbone, skip_control(backbone, 1), ids, 3)
+    monkeypatch.setattr(evaluation, "LOG_PROBS_MEMO_BYTES", 0)
+    calls = []
+    original = backbone.logits
+    monkeypatch.setattr(backbone, "logits", lambda batch: calls.append(batch.shape[0]) or original(batch))
+    assert hybrid_against_backbone(backbone, skip_control(backbone, 1), ids, 3) == memoised
+    # over the bound every call is a fresh backbone pass (batches of 3 and 1), none is kept
+    hybrid_against_backbone(backbone, skip_control(backbone, 1), ids, 3)
+    assert calls == [3, 1, 3, 1]
+
+
 def test_sequences_too_short_to_predict_are_refused(backbone):
     with pytest.raises(DihalError, match="T ≥ 2"):
         teacher_forced_nll(backbone.logits, random_ids(3, 1), 2)
