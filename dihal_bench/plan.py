@@ -96,7 +96,7 @@ def budget_sections(config: SuiteConfig, num_layers: int | None = None, *, bridg
     bridge targets, which baselines do not (they read tokens), and none with streamed targets
     (``bridge.targets``: each training step computes its own). The one place that decides it, for
     the plan, the target extraction and the check that the training split can feed every budget."""
-    if bridge_targets and config.bridge.targets == "streamed":
+    if bridge_targets and config.bridge.streams_targets:
         return []
     sections = ["sweep.budget"] if sweep_size(config, num_layers) else []
     if trains_matched_bridges(config) or (config.methods.baselines and not bridge_targets):
@@ -191,17 +191,17 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
 
 
 def streamed(config: SuiteConfig) -> str:
-    return ", targets streamed" if config.bridge.targets == "streamed" else ""
+    return ", targets streamed" if config.bridge.streams_targets else ""
 
 
 def streamed_tokens(config: SuiteConfig, budget: Budget) -> int:
     """Backbone tokens a bridge job adds when its targets are streamed: every step runs its batch
     through layers 1..ℓ, counted as half a full pass (ℓ is unknown before locate)."""
-    return budget.steps * budget.tokens_per_step // 2 if config.bridge.targets == "streamed" else 0
+    return budget.steps * budget.tokens_per_step // 2 if config.bridge.streams_targets else 0
 
 
 def targets_memory(config: SuiteConfig) -> str:
-    if config.bridge.targets == "streamed":
+    if config.bridge.streams_targets:
         return ("bridge targets are streamed: a training step holds its own batch's states, the validation "
                 "windows' states one layer at a time")
     return "stored bridge targets add n_train x T x d x 4 bytes per layer on the host"

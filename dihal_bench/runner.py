@@ -166,15 +166,11 @@ class Run:
         states = {at: load_file(self.store.resolve(stored["layers"][str(at)]))["states"][:count] for at in (0, layer)}
         return SplitTensors(sequences, states)
 
-    @property
-    def streams_targets(self) -> bool:
-        return self.config.bridge.targets == "streamed"
-
     def train_bridge(self, spec: BridgeSpec, layer: int, checkpoint: Path) -> tuple[HiddenStateBridge, dict]:
         """Train ``spec``'s bridge for ``layer`` on the seed's training windows: on the states the
         bridge-targets job stored, or, with ``bridge.targets = "streamed"``, on states the frozen
         layers 1..ℓ compute for each batch (nothing stored; memory bounded by the batch)."""
-        if self.streams_targets:
+        if self.config.bridge.streams_targets:
             windows = bridge_windows(self.backbone, self.train_sequences(spec.budget, spec.budget.seed))
             return train_bridge_streamed(self.backbone, spec, layer, windows, checkpoint, self.progress)
         return train_bridge(self.backbone, spec, layer, self.train_states(spec.budget, layer), checkpoint,
@@ -186,7 +182,7 @@ class Run:
         their states: at every bridge layer of the seed (``data_layers``) from one pass that all
         the seed's jobs share, or, when targets are streamed, at ``layer`` alone, so that memory
         holds one layer's states and the pass stops at ℓ."""
-        layers = [layer] if self.streams_targets else data_layers
+        layers = [layer] if self.config.bridge.streams_targets else data_layers
         cache = self._valid_states
         if seq_len not in cache or not set(layers) <= set(cache[seq_len].states):
             sequences = validation_subset(packed_split(self.backbone, self.corpus, "validation", seq_len),
@@ -296,7 +292,7 @@ def targets_identity(config: SuiteConfig) -> dict:
     """What a bridge-training job adds to its key for how its targets came: streamed states equal
     the stored ones only up to float rounding (another batch composition through the backbone), so
     a streamed bridge is another job; the stored path keeps the keys it always had."""
-    return {"targets": "streamed"} if config.bridge.targets == "streamed" else {}
+    return {"targets": "streamed"} if config.bridge.streams_targets else {}
 
 
 def metric_names(config: SuiteConfig) -> list[str]:

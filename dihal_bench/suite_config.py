@@ -103,6 +103,11 @@ class BridgeSettings(_Table):
     targets: str  # "stored" or "streamed"
     steps_axis: tuple[int, ...]
 
+    @property
+    def streams_targets(self) -> bool:
+        """Whether bridges train on states computed per batch rather than stored ones."""
+        return self.targets == "streamed"
+
 
 @dataclass(frozen=True)
 class MethodsSettings(_Table):
