@@ -77,26 +77,32 @@ def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: Bridg
     """Train and evaluate one bridge per layer; returns the per-layer table and timings
     (and the trained bridges under ``"bridges"`` when ``keep_bridges``). With
     ``stream_targets`` the training states are computed per batch, never stored
-    (``bridge_training.StreamedStates``): memory bounded by the batch, for backbones whose
-    states of the whole training subset do not fit."""
+    (``bridge_training.StreamedStates``) and the validation states one layer at a time, from
+    a pass that stops at that layer: memory bounded by the batch and one layer's validation
+    states, for backbones whose states of the whole training subset do not fit."""
     layers = check_layers(backbone, layers)
     seq_len = spec.budget.seq_len
     started = time.perf_counter()
     train_sequences = training_subset(packed_split(backbone, corpus, "train", seq_len), [spec.budget], spec.budget.seed)
-    # streamed: only the bridge's token windows are held; stored: also their states at every swept layer
+    # bridgeability on every validation window, the language-model measures on a seeded subset
+    valid_sequences = packed_split(backbone, corpus, "validation", seq_len)
+    # streamed: only the bridge's token windows are held, and the validation states of one layer
+    # at a time; stored: the states of both splits at every swept layer, from one pass
     if stream_targets:
         windows = bridge_windows(backbone, train_sequences)
     else:
         train_data = with_states(backbone, train_sequences, layers, progress)
-    # bridgeability on every validation window, the language-model measures on a seeded subset
-    valid = with_states(backbone, packed_split(backbone, corpus, "validation", seq_len), layers, progress)
+        valid = with_states(backbone, valid_sequences, layers, progress)
     extract_seconds = time.perf_counter() - started
 
-    scored_windows = validation_subset(valid.sequences, eval_sequences)
+    scored_windows = validation_subset(bridge_windows(backbone, valid_sequences), eval_sequences)
     rows, bridges = [], {}
     for layer in layers:
         checkpoint = None if work_dir is None else Path(work_dir) / f"bridge-layer{layer}"
         if stream_targets:
+            started = time.perf_counter()
+            valid = with_states(backbone, valid_sequences, [layer], progress)
+            extract_seconds += time.perf_counter() - started
             bridge, stats = train_bridge_streamed(backbone, spec, layer, windows, checkpoint, progress)
         else:
             bridge, stats = train_bridge(backbone, spec, layer, train_data, checkpoint, progress)

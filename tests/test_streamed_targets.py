@@ -86,15 +86,27 @@ def test_streamed_targets_hold_one_batch_of_states_whatever_the_split(llama_back
     assert sum(rows_seen) == count + SPEC.budget.steps * SPEC.budget.batch_size
 
 
-def test_a_streamed_sweep_measures_what_the_stored_one_does(llama_backbone, text_dir):
+def test_a_streamed_sweep_measures_what_the_stored_one_does(llama_backbone, text_dir, monkeypatch):
+    from dihal_bench import bridge_training
     from dihal_bench.corpus import load_corpus
     from dihal_bench.sweep import run_sweep
 
+    extracted = []
+    original = bridge_training.extract_layers
+
+    def recording(backbone, windows, layers, **kwargs):
+        extracted.append(list(layers))
+        return original(backbone, windows, layers, **kwargs)
+
+    monkeypatch.setattr(bridge_training, "extract_layers", recording)
     spec = BridgeSpec(options={"d_model": 16, "layers": 1, "heads": 2}, sample_steps=2,
                       budget=Budget(steps=2, batch_size=2, seq_len=16))
     corpus = load_corpus(str(text_dir))
     stored = run_sweep(llama_backbone, corpus, [1, 2], spec, eval_sequences=3, progress=False)
+    extracted.clear()
     streamed = run_sweep(llama_backbone, corpus, [1, 2], spec, eval_sequences=3, progress=False, stream_targets=True)
+    # no stored states: the validation windows' states one swept layer at a time (and the condition, 0)
+    assert extracted == [[0, 1], [0, 2]]
     assert streamed["train_sequences"] == stored["train_sequences"]
     for ours, theirs in zip(streamed["layers"], stored["layers"]):
         assert ours["layer"] == theirs["layer"]

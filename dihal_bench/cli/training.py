@@ -80,7 +80,8 @@ def _check_training_inputs(backbone_name, corpus_name, out_dir) -> None:
               help="Validation windows the hybrid's perplexity and KL are measured on per layer (a seeded random "
                    "subset; bridgeability takes every window).")
 @click.option("--stream-targets", is_flag=True,
-              help="Compute the bridge's training states per batch instead of storing them (memory bounded by the batch).")
+              help="Compute the bridge's training states per batch instead of storing them, and the validation "
+                   "states one layer at a time (memory bounded by the batch and one layer's validation states).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/sweep", show_default=True)
 def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, stream_targets,
           out_dir):
