@@ -204,7 +204,8 @@ def targets_memory(config: SuiteConfig) -> str:
     if config.bridge.streams_targets:
         return ("bridge targets are streamed: a training step holds its own batch's states, the validation "
                 "windows' states one layer at a time")
-    return "stored bridge targets add n_train x T x d x 4 bytes per layer on the host"
+    return ("stored bridge targets add n_train x T x d x 4 bytes per layer on the host to the job that extracts "
+            "them (training jobs read them memory-mapped)")
 
 
 def worker_memory(config: SuiteConfig) -> int | None:

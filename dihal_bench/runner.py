@@ -50,6 +50,7 @@ from dihal_bench.executors import Executor, Item, LocalExecutor
 from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
+from dihal_bench.mapped import map_safetensors
 from dihal_bench.metrics import MetricContext, SampleSet
 from dihal_bench.plan import (
     Unit,
@@ -159,11 +160,13 @@ class Run:
 
     def train_states(self, budget: Budget, layer: int) -> SplitTensors:
         """The bridge windows of the training sequences a budget draws, with the bridge's condition
-        (h_0) and target (h_layer), read from the bridge-targets job."""
+        (h_0) and target (h_layer), from the bridge-targets job: its files memory-mapped, so that
+        training, which reads a batch of rows at a time, does not hold a split's states in memory."""
         stored = self.targets[budget.seq_len]
         count = budget.distinct_sequences
         sequences = load_file(self.store.resolve(stored["sequences"]))["sequences"][:count]
-        states = {at: load_file(self.store.resolve(stored["layers"][str(at)]))["states"][:count] for at in (0, layer)}
+        states = {at: map_safetensors(self.store.resolve(stored["layers"][str(at)]))["states"][:count]
+                  for at in (0, layer)}
         return SplitTensors(sequences, states)
 
     def train_bridge(self, spec: BridgeSpec, layer: int, checkpoint: Path) -> tuple[HiddenStateBridge, dict]:

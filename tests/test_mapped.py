@@ -1,0 +1,63 @@
+"""Memory-mapped safetensors (dihal_bench.mapped): the tensors load_file gives, as views of the
+file rather than copies, never written back, and a damaged file named in one error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dihal_bench.errors import DihalError
+from dihal_bench.mapped import map_safetensors
+
+
+def saved(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        "states": torch.randn(6, 5, 3, generator=generator),
+        "sequences": torch.randint(0, 1000, (6, 5), generator=generator),
+        "half": torch.randn(7, generator=generator).half(),
+        "bf16": torch.randn(3, 2, generator=generator).bfloat16(),
+        "mask": torch.rand(4, generator=generator) > 0.5,
+        "empty": torch.empty(0, 4),
+    }
+    path = tmp_path / "targets.safetensors"
+    save_file(tensors, path)
+    return path, tensors
+
+
+def test_mapped_tensors_are_the_ones_load_file_gives(tmp_path):
+    path, tensors = saved(tmp_path)
+    mapped = map_safetensors(path)
+    assert mapped.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert mapped[name].dtype == tensor.dtype and mapped[name].shape == tensor.shape, name
+        assert torch.equal(mapped[name], tensor), name
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the process's mappings from /proc")
+def test_mapped_tensors_are_views_of_the_file_not_copies(tmp_path):
+    path, _ = saved(tmp_path)
+    states = map_safetensors(path)["states"]
+    rows = states[[4, 1]]  # how training reads a batch: a copy of those rows only
+    assert str(path) in Path("/proc/self/maps").read_text()
+    assert torch.equal(rows, load_file(path)["states"][[4, 1]])
+
+
+def test_writing_to_a_mapped_tensor_never_changes_the_file(tmp_path):
+    path, tensors = saved(tmp_path)
+    before = path.read_bytes()
+    map_safetensors(path)["states"].add_(1.0)
+    assert path.read_bytes() == before
+    assert torch.equal(map_safetensors(path)["states"], tensors["states"])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not safetensors"])
+def test_a_damaged_file_is_one_error_naming_it(tmp_path, damage):
+    path, _ = saved(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[:-10] if damage == "truncated" else b"not a safetensors file at all")
+    with pytest.raises(DihalError, match="targets.safetensors"):
+        map_safetensors(path)
