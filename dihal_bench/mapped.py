@@ -47,10 +47,14 @@ def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        dtype = DTYPES.get(entry.get("dtype"))
-        shape, (begin, end) = entry.get("shape"), entry.get("data_offsets", (0, -1))
-        count = math.prod(shape) if dtype is not None and shape is not None else -1
-        if count < 0 or end - begin != count * dtype.itemsize or data_start + end > len(mapped):
+        try:
+            dtype, shape, (begin, end) = DTYPES[entry["dtype"]], list(entry["shape"]), entry["data_offsets"]
+            count = math.prod(shape)
+            fits = (min(shape, default=0) >= 0 and end - begin == count * dtype.itemsize
+                    and data_start + end <= len(mapped))
+        except (KeyError, TypeError, ValueError):
+            fits = False
+        if not fits:
             raise DihalError(f"{path} is damaged or truncated: tensor {name!r} does not fit its header; "
                              f"compute it again")
         if count == 0:

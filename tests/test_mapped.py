@@ -3,6 +3,8 @@ file rather than copies, never written back, and a damaged file named in one err
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -54,10 +56,21 @@ def test_writing_to_a_mapped_tensor_never_changes_the_file(tmp_path):
     assert torch.equal(map_safetensors(path)["states"], tensors["states"])
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not safetensors"])
+def header_saying(entry) -> bytes:
+    header = json.dumps({"states": entry}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(64)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not safetensors", "unknown dtype", "wrong byte range", "not a dict"])
 def test_a_damaged_file_is_one_error_naming_it(tmp_path, damage):
     path, _ = saved(tmp_path)
     data = path.read_bytes()
-    path.write_bytes(data[:-10] if damage == "truncated" else b"not a safetensors file at all")
+    path.write_bytes({
+        "truncated": data[:-10],
+        "not safetensors": b"not a safetensors file at all",
+        "unknown dtype": header_saying({"dtype": "F128", "shape": [2], "data_offsets": [0, 32]}),
+        "wrong byte range": header_saying({"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 16]}),
+        "not a dict": header_saying([1, 2, 3]),
+    }[damage])
     with pytest.raises(DihalError, match="targets.safetensors"):
         map_safetensors(path)
