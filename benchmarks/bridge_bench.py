@@ -195,8 +195,9 @@ def print_decoding(decoding: dict, bridge_steps: int, new_tokens: int, repeats: 
     ms, ratio = decoding["decode_ms_per_token"], decoding["decode_ratio_hybrid_to_backbone"]
     resampled, resampled_ratio = (decoding["decode_ms_per_token_resampled_bridge"],
                                   decoding["decode_ratio_resampled_bridge_to_backbone"])
-    print(tabulate([[batch, ms["backbone"][batch], ms["hybrid"][batch], ratio[batch], common.verdict(ratio[batch], TARGET_RATIO),
-                     resampled[batch], resampled_ratio[batch]] for batch in ratio],
+    print(tabulate([[batch, ms["backbone"][batch], ms["hybrid"][batch], ratio[batch],
+                     common.verdict(ratio[batch], TARGET_RATIO), resampled[batch], resampled_ratio[batch]]
+                    for batch in ratio],
                    headers=["batch", "backbone ms/token", f"hybrid K={bridge_steps} ms/token", "hybrid/backbone",
                             f"target <= {TARGET_RATIO}", "bridge re-sampled ms/token", "re-sampled/backbone"],
                    floatfmt=".2f"))
