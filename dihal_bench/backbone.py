@@ -135,8 +135,9 @@ class Backbone(ABC):
 def load_backbone(name: str, **options) -> Backbone:
     """A registered backbone name, or a reference a backbone plugin handles (the built-in ``hf``
     takes any Hugging Face model id or local model directory)."""
-    factory, arguments = backbone_factory(name)
-    return factory(*arguments, **options)
+    from dihal_bench.plugins import build_named
+
+    return build_named("backbone", name, **options)
 
 
 def backbone_factory(name: str):

@@ -173,8 +173,10 @@ def load_corpus(spec: str, **options) -> Corpus:
     """The corpus a user names: a registered name (``stdlib-docs``) or a reference a corpus
     plugin handles (the built-ins take a local .txt/.jsonl/.parquet file or directory of them,
     and ``hf:<dataset>[:<config>]`` for any `datasets` dataset)."""
-    factory, args = corpus_factory(spec)
-    return factory(*args, **options)
+    from dihal_bench.plugins import build_named
+
+    # through the registry's factory call, so a corpus plugin that raises is named in one line
+    return build_named("corpus", spec, **options)
 
 
 def corpus_factory(spec: str):

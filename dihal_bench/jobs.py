@@ -34,6 +34,7 @@ from dihal_bench.records import (
     file_sha256,
     is_temporary,
     json_sha256,
+    result_file_mode,
     warn,
     write_json_atomic,
 )
@@ -76,6 +77,7 @@ class JobStore:
                 return result
             write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
             result = work(folder)
+            _uniform_modes(folder)
             write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result,
                                                 "sha256": {"result": json_sha256(result),
                                                            "files": _artifact_hashes(folder)}})
@@ -143,6 +145,17 @@ def _held(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _uniform_modes(folder: Path) -> None:
+    """Give every artifact a job's work wrote the mode of every other output (0666 minus the
+    umask): a job may write with a library's own writer (safetensors' ``save_file`` makes 0600
+    files), and a store's files are read by whoever reads its results."""
+    mode = result_file_mode()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.name != JOB_LOCK and not is_temporary(path):
+            if path.stat().st_mode & 0o777 != mode:
+                os.chmod(path, mode)
 
 
 def _artifact_hashes(folder: Path) -> dict[str, str]:

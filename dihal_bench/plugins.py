@@ -214,15 +214,38 @@ class Registry:
 
     items: dict[str, dict[str, Registration]] = field(default_factory=lambda: {k: {} for k in KINDS})
     failures: list[PluginFailure] = field(default_factory=list)
+    #: (kind, name) claimed by two plugins neither of which is built in: used by neither
+    contested: set[tuple[str, str]] = field(default_factory=set)
 
     def add(self, reg: Registration) -> None:
-        existing = self.items[reg.kind].get(reg.name)
-        if existing is not None:
-            raise DihalError(
-                f"{reg.kind} {reg.name!r} is registered twice: by plugin {existing.plugin!r} "
-                f"({existing.source}) and by plugin {reg.plugin!r} ({reg.source})"
-            )
-        self.items[reg.kind][reg.name] = reg
+        """Take ``reg`` unless its name is taken (docs/plugins.md, "What is checked, and when").
+        A clash never stops the tool: a built-in keeps its name and the plugin that re-registers
+        it is listed as a failure; two other plugins that claim one name both lose it (either
+        choice would be arbitrary), so that the name is unknown, with both listed, until one is
+        uninstalled."""
+        kind_items = self.items[reg.kind]
+        existing = kind_items.get(reg.name)
+        if existing is None and (reg.kind, reg.name) not in self.contested:
+            kind_items[reg.name] = reg
+            return
+        clash = f"{reg.kind} {reg.name!r} is registered twice"
+        if existing is None:  # already withdrawn from two others
+            self.failures.append(PluginFailure(reg.plugin, reg.distribution, f"{clash}; skipped"))
+        elif _is_builtin(existing) != _is_builtin(reg):
+            kept, skipped = (existing, reg) if _is_builtin(existing) else (reg, existing)
+            kind_items[reg.name] = kept
+            self.failures.append(PluginFailure(
+                skipped.plugin, skipped.distribution,
+                f"{clash}: by the built-in plugin {kept.plugin!r} ({kept.source}), which keeps it, and by "
+                f"plugin {skipped.plugin!r} ({skipped.source}); skipped"))
+        else:
+            del kind_items[reg.name]
+            self.contested.add((reg.kind, reg.name))
+            for loser in (existing, reg):
+                self.failures.append(PluginFailure(
+                    loser.plugin, loser.distribution,
+                    f"{clash}: by plugin {existing.plugin!r} ({existing.source}) and by plugin {reg.plugin!r} "
+                    f"({reg.source}); neither is used"))
 
     def get(self, kind: str, name: str) -> Registration:
         try:
@@ -263,6 +286,34 @@ class Registry:
 
     def all(self) -> list[Registration]:
         return [reg for kind in KINDS for _, reg in sorted(self.items[kind].items())]
+
+
+#: the distribution whose plugins (the repository's plugins/ folder) are the built-ins
+BUILTIN_DISTRIBUTION = "dihal-bench"
+
+
+def _is_builtin(reg: Registration) -> bool:
+    return reg.distribution == BUILTIN_DISTRIBUTION
+
+
+def call_factory(registration: Registration, *args, **options):
+    """``registration.obj(*args, **options)``: what a backbone, corpus or bridge plugin builds.
+    A DihalError from it passes as it is; any other exception is the plugin's, and becomes one
+    line naming the plugin (``--debug`` shows its traceback), not a traceback to the user."""
+    try:
+        return registration.obj(*args, **options)
+    except DihalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plugin's code may raise anything
+        raise DihalError(f"{registration.kind} {registration.name!r} from {registration.source} failed: "
+                         f"{_one_line(exc)}") from exc
+
+
+def build_named(kind: str, reference: str, **options):
+    """The object plugin ``kind`` builds for a user's ``reference`` (see
+    :meth:`Registry.resolve`), through :func:`call_factory`."""
+    registration, arguments = get_registry().resolve(kind, reference)
+    return call_factory(registration, *arguments, **options)
 
 
 def _new_manager() -> pluggy.PluginManager:

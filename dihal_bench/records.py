@@ -1,6 +1,10 @@
 """Writing results so that a crash never leaves a half-written file behind, and reading them
 back so that a damaged file is never trusted.
 
+A run record carries a seal (``integrity``, docs/method.md#records-and-leaderboards): the sha256
+of its own content and of the job results it cites. :func:`record_integrity` tells an intact
+record from an edited one and from one written before records were sealed.
+
 Every write goes to a uniquely named temporary file in the target's folder (two processes
 writing the same target never share one), is flushed to disk, gets the mode a plain
 ``open(path, "w")`` would give a new file under the user's umask, and is renamed over the
@@ -9,6 +13,7 @@ target in one step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -64,7 +69,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with temporary.open("rb") as written:
             os.fsync(written.fileno())
         # mkstemp creates 0600: right for a file being written, wrong for a result others read
-        os.chmod(temporary, 0o666 & ~current_umask())
+        os.chmod(temporary, result_file_mode())
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -99,6 +104,19 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_safetensors_atomic(path: Path, tensors: dict, metadata: dict[str, str] | None = None) -> None:
+    """``tensors`` as a safetensors file, written like every other output (atomically, mode 0666
+    minus the umask): safetensors' own ``save_file`` creates its files 0600."""
+    import safetensors.torch
+
+    write_bytes_atomic(path, safetensors.torch.save(tensors, metadata=metadata))
+
+
+def result_file_mode() -> int:
+    """The mode every output file gets: what ``open(path, "w")`` gives a new file."""
+    return 0o666 & ~current_umask()
 
 
 def write_json_atomic(path: Path, payload) -> None:
@@ -163,7 +181,8 @@ def warn(message: str) -> None:
 
 def load_record(path: Path) -> dict:
     """The run record at ``path`` as a v2 record (a v1 record is migrated); DihalError naming
-    the file when it cannot be read, is not JSON, or does not follow the record schema."""
+    the file when it cannot be read, is not JSON, does not match its own seal (edited or
+    damaged: :func:`record_integrity`) or does not follow the record schema."""
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -171,6 +190,9 @@ def load_record(path: Path) -> dict:
         raise DihalError(f"run record {path} does not exist") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DihalError(f"run record {path} is not readable JSON ({exc})") from None
+    integrity = record_integrity(record) if isinstance(record, dict) else None
+    if integrity is not None and integrity.status == DAMAGED:
+        raise DihalError(f"run record {path} {integrity.detail}")
     if isinstance(record, dict) and record.get("format") == RECORD_FORMAT_V1:
         problem = _v1_problem(record)
         if problem:
@@ -245,6 +267,120 @@ def _v1_problem(record: dict) -> str | None:
         if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
             return f"per_seed[{index}] (seed {entry['seed']}) has no 'methods' object of method entries"
     return None
+
+
+# -- sealing run records -------------------------------------------------------------------
+
+#: the key of a run record's seal: {"algorithm", "artifacts", "sha256"}
+INTEGRITY = "integrity"
+#: how the seal's sha256 is computed: :func:`json_sha256` of {"record": the record without its
+#: seal, "integrity": the seal without its sha256}
+DIGEST_ALGORITHM = "sha256/canonical-json/v1"
+#: what a record's seal says about it
+VERIFIED, UNVERIFIED, DAMAGED = "verified", "unverified", "damaged"
+#: where a method entry names a file in the job store: (section, key) -> a path whose first part
+#: is the job's folder
+CITED_PATHS = (("train", "checkpoint"), ("train", "model_dir"), ("samples", "path"))
+#: a job's result file, which holds the sha256 of every artifact of the job (dihal_bench.jobs)
+JOB_RESULT = "result.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Integrity:
+    """What a record's seal says: ``status`` (VERIFIED, UNVERIFIED: no seal, DAMAGED), why
+    (``detail``, a sentence that follows the record's name) and, for an intact record, the
+    cited job results that changed since it was sealed (``changed``)."""
+
+    status: str
+    detail: str = ""
+    changed: tuple[str, ...] = ()
+
+
+def record_digest(record: dict) -> str:
+    """The sha256 a seal records: of the record without its seal, and of the seal without its
+    sha256 (so the cited artifacts' digests are covered too)."""
+    body = {key: value for key, value in record.items() if key != INTEGRITY}
+    seal = record.get(INTEGRITY)
+    if isinstance(seal, dict):
+        seal = {key: value for key, value in seal.items() if key != "sha256"}
+    return json_sha256({"record": body, "integrity": seal})
+
+
+def cited_jobs(record: dict) -> list[str]:
+    """The job folders (relative to the record's job store) that the record's methods cite."""
+    jobs: list[str] = []
+    for entry in record.get("per_seed") or []:
+        methods = entry.get("methods") if isinstance(entry, dict) else None
+        for method in (methods or {}).values() if isinstance(methods, dict) else ():
+            for section, key in CITED_PATHS:
+                value = (method.get(section) or {}).get(key) if isinstance(method, dict) else None
+                relative = isinstance(value, str) and value and not Path(value).is_absolute()
+                job = Path(value).parts[0] if relative else None
+                if job and job not in (".", "..") and job not in jobs:
+                    jobs.append(job)
+    return jobs
+
+
+def seal_record(record: dict, store_root: Path | None = None, *, artifacts: dict[str, str] | None = None) -> dict:
+    """``record`` with its seal: the sha256 of each cited job's result.json found in
+    ``store_root`` (each of which holds the sha256 of that job's artifacts), or the given
+    ``artifacts`` digests, and the digest of the whole (:func:`record_digest`). A seal already
+    there is replaced."""
+    normalised = json.loads(json.dumps(record, default=_jsonable))  # what the file will read back as
+    normalised.pop(INTEGRITY, None)
+    artifacts = dict(artifacts or {})
+    if store_root is not None and not artifacts:
+        for job in cited_jobs(normalised):
+            result = Path(store_root) / job / JOB_RESULT
+            if result.is_file():
+                artifacts[f"{job}/{JOB_RESULT}"] = file_sha256(result)
+    normalised[INTEGRITY] = {"algorithm": DIGEST_ALGORITHM, "artifacts": artifacts}
+    normalised[INTEGRITY]["sha256"] = record_digest(normalised)
+    return normalised
+
+
+def write_record(path: Path, record: dict, store_root: Path | None = None, *,
+                 artifacts: dict[str, str] | None = None) -> None:
+    """Write a run record sealed (:func:`seal_record`), atomically: what the runner's record
+    and every edit through dihal-bench (lm-eval results) are written with."""
+    write_json_atomic(Path(path), seal_record(record, store_root, artifacts=artifacts))
+
+
+def seal_record_file(path: Path, store_root: Path | None = None) -> None:
+    """Seal the record file at ``path`` where it has no seal yet (``dihal-bench run`` does this
+    with the record the runner just wrote); a sealed record is left as it is."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DihalError(f"run record {path} is not readable JSON ({exc})") from None
+    if isinstance(record, dict) and INTEGRITY not in record:
+        write_record(Path(path), record, store_root)
+
+
+def record_integrity(record: dict, store_root: Path | None = None) -> Integrity:
+    """Whether ``record`` (as read from its file, before any migration) matches its seal.
+
+    A record without a seal was written before records were sealed: UNVERIFIED (read, and said
+    to be unverified). A seal that is malformed or does not match: DAMAGED. With ``store_root``,
+    the cited job results found there are compared with the seal's digests; a changed one does
+    not make the record's numbers wrong, so it is reported in ``changed``, not as damage."""
+    if INTEGRITY not in record:
+        return Integrity(UNVERIFIED, "has no seal (written before run records carried one): its numbers "
+                                     "cannot be verified")
+    seal = record[INTEGRITY]
+    if not (isinstance(seal, dict) and seal.get("algorithm") == DIGEST_ALGORITHM
+            and isinstance(seal.get("sha256"), str) and isinstance(seal.get("artifacts"), dict)):
+        return Integrity(DAMAGED, f"has a malformed seal (expected {{algorithm: {DIGEST_ALGORITHM!r}, "
+                                  f"artifacts, sha256}}): edited or damaged")
+    if record_digest(record) != seal["sha256"]:
+        return Integrity(DAMAGED, "does not match the sha256 in its seal: edited or damaged since it was written")
+    changed = []
+    if store_root is not None:
+        for name, digest in seal["artifacts"].items():
+            path = Path(store_root) / name
+            if not Path(name).is_absolute() and path.is_file() and file_sha256(path) != digest:
+                changed.append(name)
+    return Integrity(VERIFIED, changed=tuple(changed))
 
 
 _SLUG_CHARACTERS = frozenset(string.ascii_letters + string.digits + "-._")

@@ -113,8 +113,10 @@ def record_config(stored: dict, source: str = "run record") -> SuiteConfig:
 
 
 def load_suite_file(path: Path) -> SuiteConfig:
+    """A suite TOML file over DEFAULTS, checked. A leading UTF-8 byte-order mark (which some
+    Windows editors write) is read past: TOML forbids it, but it carries no content."""
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DihalError(f"cannot read suite file {path}: {reason}") from None
@@ -167,14 +169,24 @@ def _fail(source: str, key: str, expected: str, value) -> DihalError:
     return DihalError(f"{prefix}{key} must be {expected}, got {value!r}")
 
 
-def as_int(value, key: str, source: str, minimum: int | None = None):
-    """An integer (a whole float such as TOML's ``1e5`` counts; a bool does not)."""
+#: the largest integer a suite value may hold: seeds, counts and sizes end up in int64 tensors
+#: and torch generators, which raise OverflowError on anything larger, mid-run
+INT64_MAX = 2**63 - 1
+
+
+def as_int(value, key: str, source: str, minimum: int | None = None, maximum: int = INT64_MAX):
+    """An integer in [minimum, maximum] (a whole float such as TOML's ``1e5`` counts; a bool
+    does not)."""
+    given = value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
+    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(source, key, "an integer" if minimum is None else f"an integer >= {minimum}", value)
+        raise _fail(source, key, expected, given)
     if minimum is not None and value < minimum:
-        raise _fail(source, key, f"an integer >= {minimum}", value)
+        raise _fail(source, key, expected, given)
+    if value > maximum:
+        raise _fail(source, key, f"{expected} and <= {maximum}", given)
     return value
 
 

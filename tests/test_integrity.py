@@ -256,7 +256,7 @@ def bridge_checkpoint(tmp_path, llama_backbone) -> Path:
 @pytest.mark.parametrize("damage, older, message", [
     (truncate, False, "does not match the sha256 recorded in"),
     (flip_last_byte, False, "does not match the sha256 recorded in"),
-    # a checkpoint from before bridge.json held the sha256: safetensors' own checks still apply
+    # a checkpoint without its sha256, loaded with trust_unverified: safetensors' own checks still apply
     (truncate, True, "is not a readable safetensors file"),
 ])
 def test_damaged_bridge_weights_are_an_error_naming_the_file(bridge_checkpoint, llama_backbone, damage, older,
@@ -265,11 +265,23 @@ def test_damaged_bridge_weights_are_an_error_naming_the_file(bridge_checkpoint, 
         meta = json.loads((bridge_checkpoint / "bridge.json").read_text())
         del meta["weights_sha256"]
         (bridge_checkpoint / "bridge.json").write_text(json.dumps(meta))
-    load_bridge_checkpoint(bridge_checkpoint, llama_backbone)
+    load_bridge_checkpoint(bridge_checkpoint, llama_backbone, trust_unverified=older)
     weights = bridge_checkpoint / "model.safetensors"
     damage(weights)
     with pytest.raises(DihalError, match=re.escape(str(weights)) + ".*" + message):
+        load_bridge_checkpoint(bridge_checkpoint, llama_backbone, trust_unverified=older)
+
+
+def test_a_bridge_checkpoint_without_its_sha256_is_refused_unless_trusted(bridge_checkpoint, llama_backbone):
+    meta_path = bridge_checkpoint / "bridge.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["weights_sha256"]
+    meta_path.write_text(json.dumps(meta))
+    flip_last_byte(bridge_checkpoint / "model.safetensors")  # damage that only the digest could show
+    with pytest.raises(DihalError, match=re.escape(str(meta_path)) + " records no weights_sha256.*--trust-unverified"):
         load_bridge_checkpoint(bridge_checkpoint, llama_backbone)
+    _, layer = load_bridge_checkpoint(bridge_checkpoint, llama_backbone, trust_unverified=True)
+    assert layer == 1
 
 
 CODAR = dict(embed_dim=8, d_model=32, heads=2, denoiser_layers=1, decoder_layers=1, steps=2)

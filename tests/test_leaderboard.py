@@ -5,6 +5,8 @@ names from records rendered inertly in every format, and all-or-nothing output."
 from __future__ import annotations
 
 import base64
+import copy
+import csv
 import html
 import json
 import math
@@ -21,7 +23,7 @@ from dihal_bench.leaderboard import build_leaderboards, render
 from dihal_bench.leaderboard.aggregate import pareto_front
 from dihal_bench.leaderboard.page import SORT_SCRIPT
 from dihal_bench.leaderboard.render import format_cell, format_mean_std
-from dihal_bench.records import RECORD_FORMAT, RECORD_FORMAT_V1
+from dihal_bench.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 
@@ -91,9 +93,11 @@ def record(seeds: list[dict], *, evaluator: str = "tiny", metrics: dict | None =
             "per_seed": seeds, **names}
 
 
-def write_record(folder: Path, name: str, seeds: list[dict], **options) -> Path:
+def write_record(folder: Path, name: str, seeds: list[dict], *, sealed: bool = True, **options) -> Path:
+    """A record file, sealed as the runner's are (``sealed=False``: as written before seals)."""
     path = folder / name
-    path.write_text(json.dumps(record(seeds, **options)))
+    built = record(seeds, **options)
+    path.write_text(json.dumps(seal_record(built) if sealed else built))
     return path
 
 
@@ -227,6 +231,58 @@ def test_a_damaged_record_is_an_error_naming_it_and_nothing_is_written(results, 
     assert str(results / name) in message and why in message
     assert "\n" not in message  # the CLI's one Error: line
     assert not out.exists()
+
+
+# --- seals: an edited record is left out, an unsealed one marked --------------------------------
+
+
+def test_an_edited_record_is_named_and_kept_out_of_every_table(results, tmp_path):
+    path = results / "b.json"
+    edited = json.loads(path.read_text())
+    edited["per_seed"][0]["methods"]["ar-backbone"]["metrics"]["gen_ppl"] = 12.5  # was 50.0
+    path.write_text(json.dumps(edited, indent=2))
+    out = tmp_path / "out"
+    written, warnings = build(results, out)
+    assert warnings == [f"left out {path}: it does not match the sha256 in its seal: edited or damaged since "
+                        "it was written"]
+    methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
+    assert methods.loc["ar-backbone", "gen_ppl_n"] == 2 and methods.loc["ar-backbone", "gen_ppl_mean"] == 50.0
+    assert methods.loc["dihal-chosen", "gen_ppl_mean"] == pytest.approx(11.0)  # a.json's two seeds only
+    for text in (p.read_text() for p in written if p.suffix in (".md", ".csv", ".html")):
+        assert "b.json" not in text and "12.5" not in text
+
+
+def test_a_record_whose_seal_is_edited_too_is_left_out(results, tmp_path):
+    path = results / "b.json"
+    edited = json.loads(path.read_text())
+    edited["integrity"]["algorithm"] = "none"
+    path.write_text(json.dumps(edited))
+    written, warnings = build(results, tmp_path / "out")
+    assert len(warnings) == 1 and warnings[0].startswith(f"left out {path}: it has a malformed seal")
+
+
+def test_only_edited_records_is_an_error_naming_them(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    path = write_record(results, "only.json", [seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    path.write_text(path.read_text().replace('"gen_ppl": 10.0', '"gen_ppl": 1.0'))
+    with pytest.raises(DihalError, match=r"no intact run records in .*: only.json left out \(edited or damaged\)"):
+        build(results, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_record_written_before_seals_is_included_and_marked_unverified(results, tmp_path):
+    old = write_record(results, "old.json", [seed_entry(5, 14.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)], sealed=False)
+    out = tmp_path / "out"
+    written, warnings = build(results, out, formats=("md", "csv", "html", "latex"))
+    assert warnings == [f"{old} has no seal (written before run records carried one): its numbers cannot be "
+                        "verified; included, marked unverified"]
+    assert pd.read_csv(out / GROUP / "methods.csv").set_index("method").loc["dihal-chosen", "gen_ppl_n"] == 4
+    line = ("Built from 3 run records (4 seeds): a.json (seeds 0, 1); b.json (seed 2); "
+            "old.json (seed 5, unverified: no seal).")
+    assert (out / GROUP / "methods.md").read_text().splitlines()[0] == line
+    assert line in (out / GROUP / "methods.tex").read_text().splitlines()[0]
+    assert html.escape(line) in (out / "leaderboard.html").read_text()
 
 
 def test_no_records_is_an_error(tmp_path):
@@ -476,13 +532,20 @@ SCRIPT = "<script>alert(1)</script>"
 ATTRIBUTE = '"><img src=x onerror=alert(1)>'
 LIVE_TEX = "\n\\input{/etc/passwd}\n\\immediate\\write18{touch pwned}"
 TEX_SPECIALS = "\\ { } $ & # ^ _ % ~"
-#: HTML, a Markdown cell break, LaTeX's specials and lines of live LaTeX, a bare carriage
-#: return (which minimal CSV quoting misses) and a mathtext formula (matplotlib labels)
-HOSTILE = f"{SCRIPT} {ATTRIBUTE} a|b {TEX_SPECIALS}{LIVE_TEX}\r$\\input{{x}}$"
+#: Markdown's own syntax: a link, an image, emphasis, code, strikethrough and bare autolinks
+MARKDOWN = ("[link](javascript:alert(3)) ![img](http://evil.example/x.png) *em* _u_ __strong__ `code` "
+            "~~gone~~ www.evil.example mail@evil.example")
+#: HTML, a Markdown cell break and Markdown's syntax, LaTeX's specials and lines of live LaTeX,
+#: a bare carriage return (which minimal CSV quoting misses) and a mathtext formula (matplotlib labels)
+HOSTILE = f"{SCRIPT} {ATTRIBUTE} a|b {MARKDOWN} {TEX_SPECIALS}{LIVE_TEX}\r$\\input{{x}}$"
+#: names a spreadsheet would run as formulas (CSV injection): one per character that starts one
+FORMULAS = ['=HYPERLINK("http://evil.example","x")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1,2)"]
 
 
 def hostile_record(results: Path) -> Path:
     entry = seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+    for formula in FORMULAS:
+        entry["methods"][formula] = copy.deepcopy(entry["methods"]["ar-backbone"])
     entry["methods"][f"{HOSTILE} method"] = entry["methods"].pop("ar-backbone")
     proxies = entry["locate"]["proxies"]
     proxies[f"{HOSTILE} proxy"] = proxies.pop("curvature")
@@ -493,8 +556,9 @@ def hostile_record(results: Path) -> Path:
     chosen["samples"]["examples"] = [f"{SCRIPT} sample", HOSTILE]
     # first of the lower-is-better metrics: the y axis of the trade-off plot
     chosen["metrics"][f"{HOSTILE} metric"] = 1.0
+    chosen["metrics"][FORMULAS[0]] = 2.0
     metrics = {f"{HOSTILE} metric": metric(f"{HOSTILE} title", False, f"{HOSTILE} description", f"{HOSTILE} 1.0"),
-               **METRICS}
+               FORMULAS[0]: metric(FORMULAS[3], None, FORMULAS[1], FORMULAS[2]), **METRICS}
     return write_record(results, "run |<b>x\n\\input{y}.json", [entry], suite=f"../../{HOSTILE} suite",
                         backbone=f"/etc/{HOSTILE} backbone", evaluator=f"{HOSTILE}\x00 evaluator",
                         corpus=f"{HOSTILE} corpus", metrics=metrics)
@@ -538,9 +602,9 @@ def test_names_from_records_render_inertly_in_every_format(tmp_path, monkeypatch
         assert "<title>" in text and SCRIPT not in text.split("<title>")[1].split("</title>")[0]
     assert "<pre>&lt;script&gt;alert(1)&lt;/script&gt; sample</pre>" in (out / "leaderboard.html").read_text()
 
-    # CSV keeps every name exactly, line breaks included, and every row whole
+    # CSV keeps every name exactly (a formula behind a quote), line breaks included, and every row whole
     methods = pd.read_csv(folder / "methods.csv")
-    assert sorted(methods["method"]) == sorted(["dihal-chosen", f"{HOSTILE} method"])
+    assert sorted(methods["method"]) == sorted(["dihal-chosen", f"{HOSTILE} method", *(f"'{f}" for f in FORMULAS)])
     assert f"{HOSTILE} proxy_mean" in pd.read_csv(folder / "layers.csv").columns
     assert set(pd.read_csv(folder / "proxies.csv")["proxy"]) == {f"{HOSTILE} proxy"}
     described = pd.read_csv(folder / "metrics.csv").set_index("metric")
@@ -559,6 +623,51 @@ def test_names_from_records_render_inertly_in_every_format(tmp_path, monkeypatch
     assert r"\textless{}script\textgreater{}alert(1)\textless{}/script\textgreater{}" in latex
     assert r"\textbackslash{} \{ \} \$ \& \# \textasciicircum{} \_ \% \textasciitilde{}" in latex
     assert r"\textbackslash{}input\{/etc/passwd\}" in latex and r"a\textbar{}b" in latex
+
+
+def test_no_output_holds_a_live_markdown_link_or_a_formula_cell(tmp_path):
+    """The crafted record of issue 24, through every format: Markdown renders no link, image,
+    emphasis or code from a name (only index.md's own links to its files), no bare URL is left for
+    GFM to autolink, and no CSV text cell starts like a spreadsheet formula."""
+    results = tmp_path / "results"
+    results.mkdir()
+    hostile_record(results)
+    out = tmp_path / "out"
+    written, _ = build(results, out, formats=("md", "csv", "html", "latex"))
+    ours = {path.relative_to(out).as_posix() for path in written}
+    markdown = [path for path in written if path.suffix == ".md"]
+    assert len(markdown) >= 4
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:  # the textual checks below still hold
+        MarkdownIt = None
+    for path in markdown:
+        text = path.read_text()
+        assert "://" not in text and "www." not in text and "@evil" not in text, path.name  # GFM autolinks
+        if MarkdownIt is not None:
+            rendered = MarkdownIt("commonmark").enable(["table", "strikethrough"]).render(text)
+            assert re.search(r"<(img|em|strong|code|s|del)\b", rendered) is None, path.name
+            assert set(re.findall(r'<a href="([^"]*)"', rendered)) <= ours, path.name
+            assert "[link](javascript:alert(3))" in html.unescape(rendered), path.name  # shown, as text
+    for path in (path for path in written if path.suffix == ".csv"):
+        with path.open(newline="") as handle:
+            fields = [field for row in csv.reader(handle) for field in row]
+        formulas = [field for field in fields if field.startswith(render.FORMULA_STARTS) and not _is_number(field)]
+        assert formulas == [], path.name
+    assert "'=HYPERLINK" in (out / GROUP_OF_HOSTILE(out) / "methods.csv").read_text()
+
+
+def GROUP_OF_HOSTILE(out: Path) -> str:
+    [folder] = [path.name for path in out.iterdir() if path.is_dir()]
+    return folder
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_group_folders_stay_inside_the_output_folder_and_apart(tmp_path):

@@ -1,20 +1,32 @@
-"""Run records: the v2 schema shipped in the package, and the migration of v1 records."""
+"""Run records: the v2 schema shipped in the package, the migration of v1 records, and seals."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from dihal_bench.errors import DihalError
+from dihal_bench.lm_eval.record import attach_to_record
 from dihal_bench.records import (
+    DAMAGED,
+    DIGEST_ALGORITHM,
     RECORD_FORMAT,
     RECORD_SCHEMA,
+    UNVERIFIED,
+    VERIFIED,
+    Integrity,
     load_record,
     migrate_v1,
+    record_integrity,
     record_problem,
+    seal_record,
+    seal_record_file,
+    write_record,
 )
 
 COMMITTED = sorted(Path(__file__).parents[1].glob("results/*.json"))
@@ -78,3 +90,89 @@ def test_a_record_off_the_schema_is_named_with_what_is_wrong(tmp_path, damage, m
     with pytest.raises(DihalError, match=message) as error:
         load_record(path)
     assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
+# -- seals (docs/method.md#records-and-leaderboards) ----------------------------------------
+
+
+def sealed_v2(store: Path | None = None) -> dict:
+    record = migrate_v1(v1_record())
+    record["per_seed"][0]["methods"]["ar-backbone"]["train"] = {"model_dir": "baseline-train-1/model"}
+    record["per_seed"][0]["methods"]["ar-backbone"]["samples"]["path"] = "samples-2/samples.jsonl"
+    return seal_record(record, store)
+
+
+def test_the_seal_is_the_sha256_of_the_canonical_json_of_record_and_seal():
+    record = sealed_v2()
+    body = {key: value for key, value in record.items() if key != "integrity"}
+    canonical = json.dumps({"record": body, "integrity": {"algorithm": DIGEST_ALGORITHM, "artifacts": {}}},
+                           sort_keys=True, separators=(",", ":"))
+    assert record["integrity"]["sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert record_integrity(record) == Integrity(VERIFIED)
+
+
+def test_layout_does_not_break_a_seal_and_any_changed_value_does(tmp_path):
+    record = sealed_v2()
+    relaid = json.loads(json.dumps(dict(reversed(list(record.items()))), indent=4))
+    assert record_integrity(relaid).status == VERIFIED
+    for change in (lambda r: r["per_seed"][0]["methods"]["ar-backbone"]["metrics"].update(gen_ppl=12.5),
+                   lambda r: r.update(suite="other"),
+                   lambda r: r["integrity"]["artifacts"].update({"x/result.json": "0" * 64}),
+                   lambda r: r.update(extra=None)):
+        edited = copy.deepcopy(record)
+        change(edited)
+        assert record_integrity(edited).status == DAMAGED
+        path = tmp_path / "edited.json"
+        path.write_text(json.dumps(edited))
+        with pytest.raises(DihalError, match=f"run record {re.escape(str(path))} does not match the sha256 in its"):
+            load_record(path)
+
+
+def test_the_seal_holds_the_cited_job_results_and_names_one_that_changed(tmp_path):
+    store = tmp_path / "jobs"
+    for job in ("baseline-train-1", "samples-2"):
+        (store / job).mkdir(parents=True)
+        (store / job / "result.json").write_text(json.dumps({"job": job}))
+    record = sealed_v2(store)
+    assert record["integrity"]["artifacts"] == {
+        f"{job}/result.json": hashlib.sha256(json.dumps({"job": job}).encode()).hexdigest()
+        for job in ("baseline-train-1", "samples-2")}
+    assert record_integrity(record, store) == Integrity(VERIFIED)
+    (store / "samples-2" / "result.json").write_text("{}")
+    assert record_integrity(record, store) == Integrity(VERIFIED, changed=("samples-2/result.json",))
+    assert record_integrity(record, tmp_path / "elsewhere") == Integrity(VERIFIED)  # a store not at hand
+
+
+def test_a_record_without_a_seal_is_unverified_and_still_loads(tmp_path):
+    assert record_integrity(v1_record()).status == UNVERIFIED
+    for path in COMMITTED:  # written before records were sealed
+        assert record_integrity(json.loads(path.read_text())).status == UNVERIFIED
+        load_record(path)
+
+
+def test_sealing_a_record_file_seals_it_once(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(migrate_v1(v1_record())))
+    seal_record_file(path)
+    sealed = path.read_bytes()
+    assert record_integrity(json.loads(sealed)).status == VERIFIED
+    seal_record_file(path)
+    assert path.read_bytes() == sealed
+
+
+def test_lm_eval_results_reseal_a_sealed_record_and_an_edited_one_is_refused(tmp_path):
+    path = tmp_path / "r.json"
+    write_record(path, sealed_v2())
+    artifacts = json.loads(path.read_text())["integrity"]["artifacts"]
+    summary = {"results": {"task": {"ppl": 3.0}}, "config": {"limit": 1}}
+    attach_to_record(path, "ar-backbone", 0, summary)
+    attached = json.loads(path.read_text())
+    assert attached["per_seed"][0]["methods"]["ar-backbone"]["lm_eval"] == {"task": {"ppl": 3.0}}
+    assert record_integrity(attached).status == VERIFIED and attached["integrity"]["artifacts"] == artifacts
+    path.write_text(path.read_text().replace('"ppl": 3.0', '"ppl": 1.0'))
+    with pytest.raises(DihalError, match="does not match the sha256 in its seal"):
+        attach_to_record(path, "ar-backbone", 0, summary)
+    unsealed = tmp_path / "old.json"
+    unsealed.write_text(json.dumps(migrate_v1(v1_record())))
+    attach_to_record(unsealed, "ar-backbone", 0, summary)
+    assert record_integrity(json.loads(unsealed.read_text())).status == UNVERIFIED  # not vouched for now

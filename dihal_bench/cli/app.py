@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -10,9 +11,23 @@ import click
 
 from dihal_bench import __version__
 from dihal_bench.errors import DihalError
-from dihal_bench.suite import DTYPES
+from dihal_bench.suite import DTYPES, INT64_MAX
 
-SEED = click.IntRange(min=0)
+#: a seed: torch's generators take at most a signed 64-bit integer
+SEED = click.IntRange(min=0, max=INT64_MAX)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange without nan and inf: nan passes every bound check (each comparison
+    with it is false), and then fails deep inside sampling or a conformance test."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class CommandGroup(click.Group):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from dihal_bench.cli.app import CommandGroup, backbone_options, cli, write_json
+from dihal_bench.cli.app import CommandGroup, FiniteFloatRange, backbone_options, cli, write_json
 
 
 def _describe(registration) -> str:
@@ -54,7 +54,8 @@ def check():
 @check.command("backbone")
 @click.argument("name")
 @backbone_options
-@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=None, help="Max |Δlogit| relative to max |logit| (default 1e-4).")
+@click.option("--tolerance", type=FiniteFloatRange(min=0, min_open=True), default=None,
+              help="Max |Δlogit| relative to max |logit| (default 1e-4).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the report as JSON here.")
 def check_backbone_cmd(name, device, dtype, tolerance, json_path):
     """Check that backbone NAME can be resumed from every layer's hidden state."""
@@ -94,12 +95,13 @@ def check_corpus_cmd(name, backbone_name, seq_len):
     from tabulate import tabulate
 
     from dihal_bench.backbone import load_backbone
-    from dihal_bench.corpus import load_corpus, split_stats
+    from dihal_bench.corpus import split_stats
+    from dihal_bench.plugins import build_named
     from dihal_bench.preflight import check_backbone_name, check_corpus_name
 
     check_corpus_name(name)
     check_backbone_name(backbone_name, "--backbone")
-    corpus = load_corpus(name)
+    corpus = build_named("corpus", name)
     backbone = load_backbone(backbone_name)
     stats = split_stats(corpus, backbone.tokenizer, seq_len)
     rows = [[split, *s.values()] for split, s in stats.items()]

@@ -47,7 +47,7 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
 
     from dihal_bench import locate as locate_module
     from dihal_bench.backbone import load_backbone
-    from dihal_bench.corpus import load_corpus
+    from dihal_bench.plugins import build_named
     from dihal_bench.preflight import (
         check_backbone_name,
         check_corpus_name,
@@ -84,8 +84,8 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
     check_corpus_name(corpus_name, "--corpus")
     check_device(device, "--device")
     check_writable(Path(json_path).parent if json_path else Path(out_dir), "output folder")
+    corpus = build_named("corpus", corpus_name)  # before the backbone: usually the quicker to fail
     backbone = load_backbone(backbone_name, device=device, dtype=dtype)
-    corpus = load_corpus(corpus_name)
     result = locate_module.locate(backbone, corpus, config, progress=not quiet)
     click.echo(locate_module.format_table(result))
     timings = result["timings"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from dihal_bench.cli.app import SEED, cli
+from dihal_bench.cli.app import SEED, cli, parse_assignments
 from dihal_bench.errors import DihalError
 
 
@@ -36,6 +36,19 @@ def leaderboard(results_dir, formats, out_dir):
     click.echo(f"wrote {len(paths)} files to {out_dir}")
 
 
+def _check_model_args(model_args: str, trust_unverified: bool) -> None:
+    """The backbone and bridge checkpoint that ``--model-args`` name, checked before lm-eval
+    (seconds to import and index its tasks) and any model load; lm-eval parses the string itself."""
+    from dihal_bench.bridge_io import read_bridge_meta
+    from dihal_bench.preflight import check_backbone_name
+
+    pairs = parse_assignments([part for part in model_args.split(",") if part.strip()], "--model-args")
+    if "backbone" in pairs:
+        check_backbone_name(pairs["backbone"], "--model-args backbone")
+    if "bridge" in pairs:
+        read_bridge_meta(Path(pairs["bridge"]), trust_unverified=trust_unverified)
+
+
 @cli.command("lm-eval")
 @click.option("--model-args", help="backbone=NAME[,layer=L,bridge=CHECKPOINT_DIR,steps=K,max_length=N]")
 @click.option("--record", "record_path", type=click.Path(dir_okay=False, exists=True),
@@ -48,12 +61,19 @@ def leaderboard(results_dir, formats, out_dir):
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many documents per task.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
-def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir):
+@click.option("--trust-unverified", is_flag=True,
+              help="Load a bridge checkpoint whose bridge.json records no weights_sha256 (its weights unverified).")
+def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified):
     """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
     from dihal_bench import lm_eval as lm_eval_adapter
+    from dihal_bench.preflight import check_writable
 
     if bool(model_args) == bool(record_path):
         raise DihalError("give either --model-args or --record with --method")
+    if out_dir:  # before the evaluation, which may take hours
+        check_writable(Path(out_dir), "output folder --out")
+    if model_args:
+        _check_model_args(model_args, trust_unverified)
     if record_path:
         if not method:
             raise DihalError("--record needs --method: the record's intact-backbone baseline, or dihal-chosen, "
@@ -65,7 +85,8 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         corpus = corpus or record["corpus"]
     summary = lm_eval_adapter.run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()],
                                           limit=limit, corpus=corpus or "stdlib-docs", batch_size=batch_size,
-                                          out_dir=Path(out_dir) if out_dir else None)
+                                          out_dir=Path(out_dir) if out_dir else None,
+                                          trust_unverified=trust_unverified)
     click.echo(json.dumps(summary["results"], indent=2))
     if record_path:
         lm_eval_adapter.attach_to_record(Path(record_path), method, seed, summary)

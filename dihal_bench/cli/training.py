@@ -10,6 +10,7 @@ import click
 from dihal_bench.cli.app import (
     SEED,
     CommandGroup,
+    FiniteFloatRange,
     cli,
     parse_assignments,
     parse_int_list,
@@ -24,8 +25,13 @@ def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone
               out_dir: Path):
     """The budget of ``section`` of a suite's protocol (``--suite``, the diagnostic one by default)
     with ``--set budget.KEY=VALUE`` overrides, ``--epochs`` and the seed applied, through the same
-    parser as ``dihal-bench run``; returns (resolved suite, budget). The backbone and corpus names
-    and the output folder are checked too, and then the command says which protocol it uses."""
+    parser as ``dihal-bench run``. The backbone and corpus names and the output folder are
+    checked, the corpus and then the backbone loaded (the corpus first: usually the quicker to
+    fail), and then the command says which protocol it uses: so that a refusal is the only line
+    it prints. Returns (resolved suite, budget, corpus, backbone)."""
+    from dihal_bench.backbone import load_backbone
+    from dihal_bench.plugins import build_named
+
     from dihal_bench.protocol import section_budget
 
     overrides = parse_assignments(sets, "--set")
@@ -41,10 +47,12 @@ def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone
 
     config = apply_overrides(config, {prefix + key.partition(".")[2]: value for key, value in overrides.items()})
     budget = section_budget(config, section, seed)
-    _check_training_inputs(backbone_name, corpus_name, out_dir)
+    _check_training_inputs(config, backbone_name, corpus_name, out_dir)
+    corpus = build_named("corpus", corpus_name)
+    backbone = load_backbone(backbone_name)
     click.echo(f"protocol: suite {name!r}, {section} = {budget.steps} steps x {budget.batch_size} x {budget.seq_len} "
                f"tokens, lr {budget.lr:g}, epochs {budget.epochs}", err=True)
-    return config, budget
+    return config, budget, corpus, backbone
 
 
 def _training_options(f):
@@ -60,13 +68,17 @@ def _training_options(f):
     return f
 
 
-def _check_training_inputs(backbone_name, corpus_name, out_dir) -> None:
+def _check_training_inputs(config, backbone_name, corpus_name, out_dir) -> None:
     from dihal_bench.preflight import (
         check_backbone_name,
         check_corpus_name,
+        check_options,
+        check_registered,
         check_writable,
     )
 
+    check_registered("bridge", [config.bridge.name], "bridge.name")
+    check_options("bridge", config.bridge.name, dict(config.bridge.options), "bridge.options", harness_arguments=1)
     check_backbone_name(backbone_name, "--backbone")
     check_corpus_name(corpus_name, "--corpus")
     check_writable(Path(out_dir), "output folder --out")
@@ -88,17 +100,16 @@ def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, 
     """Train one bridge per layer under one protocol; table, rank correlations and plot."""
     from dihal_bench import sweep as sweep_module
     from dihal_bench.backbone import load_backbone
-    from dihal_bench.corpus import load_corpus
     from dihal_bench.locate import LocateConfig, locate
     from dihal_bench.plan import auto_sweep_layers
+    from dihal_bench.plugins import build_named
     from dihal_bench.protocol import bridge_spec
 
     chosen_layers = None if layers == "auto" else parse_int_list(layers, "--layers")
-    config, budget = _protocol(suite, sets, seed, "sweep.budget", epochs, backbone_name, corpus_name, out_dir)
-    backbone = load_backbone(backbone_name)
+    config, budget, corpus, backbone = _protocol(suite, sets, seed, "sweep.budget", epochs, backbone_name,
+                                                 corpus_name, out_dir)
     if chosen_layers is not None:
         sweep_module.check_layers(backbone, chosen_layers)
-    corpus = load_corpus(corpus_name)
     located = locate(backbone, corpus, LocateConfig(seed=seed), progress=not quiet)
     if chosen_layers is None:
         chosen_layers = auto_sweep_layers(backbone.num_layers, {located["chosen_layer"]}, 10)
@@ -135,13 +146,12 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, l
     from dihal_bench import sweep as sweep_module
     from dihal_bench.backbone import load_backbone
     from dihal_bench.bridge_io import save_bridge_checkpoint
-    from dihal_bench.corpus import load_corpus
+    from dihal_bench.plugins import build_named
     from dihal_bench.protocol import bridge_spec
 
-    config, budget = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name, out_dir)
-    backbone = load_backbone(backbone_name)
+    config, budget, corpus, backbone = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name,
+                                                 out_dir)
     backbone.check_layer(layer)
-    corpus = load_corpus(corpus_name)
     spec = bridge_spec(config, "budget", seed)
     result = sweep_module.run_sweep(backbone, corpus, [layer], spec, eval_sequences=eval_sequences,
                                     work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True,
@@ -160,21 +170,24 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, l
 @click.option("--checkpoint", type=click.Path(file_okay=False), required=True, help="A `bridge train` output folder.")
 @click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True, help="Number of samples.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=0.8, show_default=True)
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=0.95, show_default=True)
+@click.option("--temperature", type=FiniteFloatRange(min=0, min_open=True), default=0.8, show_default=True)
+@click.option("--top-p", type=FiniteFloatRange(min=0, max=1, min_open=True), default=0.95, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), help="Bridge sampling steps K (default: the bridge's own).")
 @click.option("--prompt", help="Text to continue (default: unconditional from the start token).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--no-sink-passthrough", is_flag=True, help="Ablation: let the bridge produce position 0 too.")
-def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, prompt, seed, no_sink_passthrough):
+@click.option("--trust-unverified", is_flag=True,
+              help="Load a checkpoint whose bridge.json records no weights_sha256 (its weights unverified).")
+def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, prompt, seed, no_sink_passthrough,
+             trust_unverified):
     """Sample text from a DiHAL hybrid: bridge → upper layers → LM head."""
     from dihal_bench.backbone import load_backbone
     from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
     from dihal_bench.hybrid import HybridLM
 
-    meta = read_bridge_meta(Path(checkpoint))
+    meta = read_bridge_meta(Path(checkpoint), trust_unverified=trust_unverified)
     backbone = load_backbone(meta["backbone"])
-    trained, layer = load_bridge_checkpoint(Path(checkpoint), backbone)
+    trained, layer = load_bridge_checkpoint(Path(checkpoint), backbone, trust_unverified=trust_unverified)
     hybrid = HybridLM(backbone, trained, layer, sink_passthrough=not no_sink_passthrough, steps=steps)
     prompt_ids = None
     if prompt:
@@ -201,19 +214,19 @@ def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, 
 
     from dihal_bench.backbone import load_backbone
     from dihal_bench.bridge_training import packed_split, training_subset
-    from dihal_bench.corpus import load_corpus
-    from dihal_bench.plugins import get_registry
+    from dihal_bench.plugins import build_named, get_registry
+    from dihal_bench.preflight import check_options
     from dihal_bench.protocol import matched_budget
     from dihal_bench.suite import parse_value
 
     cls = get_registry().get("baseline", name).obj
+    chosen = {k: parse_value(v) for k, v in parse_assignments(options, "--option").items()}
+    check_options("baseline", name, chosen, "--option", harness_arguments=3)
     out = Path(out_dir or Path("runs") / "baselines" / name)
-    config, _ = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name, out)
-    backbone = load_backbone(backbone_name)
+    config, _, corpus, backbone = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name, out)
     budget = matched_budget(config, seed, backbone.width)  # the allowance: the suite's DiHAL bridge
-    model = cls(backbone, budget, seed, **{k: parse_value(v) for k, v in parse_assignments(options, "--option").items()})
-    sequences = training_subset(packed_split(backbone, load_corpus(corpus_name), "train", budget.seq_len),
-                                [model.budget], seed)
+    model = cls(backbone, budget, seed, **chosen)
+    sequences = training_subset(packed_split(backbone, corpus, "train", budget.seq_len), [model.budget], seed)
     result = model.fit(sequences, checkpoint_dir=out / "checkpoint", progress=not quiet)
     model.save(out / "model")
     counts = model.parameter_counts()

@@ -9,6 +9,10 @@ spreads them over Ray actors, on one machine or a cluster.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+
 from dihal_bench.errors import DihalError
 from dihal_bench.executors.base import Executor, Item
 from dihal_bench.executors.local import LocalExecutor
@@ -28,10 +32,19 @@ def make_executor(name: str = "local", *, address: str | None = None, workers: i
         return LocalExecutor()
     if name != "ray":
         raise DihalError(f"unknown executor {name!r}; known: {', '.join(EXECUTORS)}")
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise DihalError("--executor ray needs Ray: pip install 'dihal-bench[ray]'") from None
+    # found without importing it (seconds): a dead --address is refused before that cost
+    if not _ray_installed():
+        raise DihalError("--executor ray needs Ray: pip install 'dihal-bench[ray]'")
+    from dihal_bench.preflight import check_ray_address
+
+    check_ray_address(address or os.environ.get("RAY_ADDRESS"))
     from dihal_bench.executors.ray import RayExecutor
 
     return RayExecutor(address=address, workers=workers)
+
+
+def _ray_installed() -> bool:
+    """Whether ``import ray`` would find Ray (a None in sys.modules blocks an import)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None

@@ -162,7 +162,7 @@ def samples_block(group: Group, methods: Table) -> str:
 def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]) -> str:
     return (f"<section>\n<h2>{html.escape(group.title)}</h2>\n"
             f'<p class="meta">Corpus: {html.escape(", ".join(sorted(group.corpora)))}. '
-            f"{html.escape(provenance(group.sources))}</p>\n"
+            f"{html.escape(provenance(group.sources, group.unverified))}</p>\n"
             + (table_block(tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
             + table_block(tables["proxies"]) + table_block(tables["layers"]) + "</section>\n")

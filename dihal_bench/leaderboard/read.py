@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
-from dihal_bench.records import RECORD_FORMAT, load_record, slug
+from dihal_bench.records import (
+    DAMAGED,
+    RECORD_FORMAT,
+    UNVERIFIED,
+    Integrity,
+    load_record,
+    record_integrity,
+    slug,
+)
 
 #: What every run record's format tag starts with, whatever its version: a file tagged so is
 #: ours, and one this version cannot read is an error rather than a file quietly left out.
@@ -69,6 +77,8 @@ class Group:
     #: where the records disagree on a metric (under the methods table)
     metric_notes: list[str] = field(default_factory=list)
     folder: str = ""  # set by `assign_folders` once every group is known
+    #: the record files among ``sources`` that carry no seal (written before records were sealed)
+    unverified: list[str] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -118,26 +128,44 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     it. A file that should be a run record and cannot be read as one (unreadable, not JSON or
     truncated, not a JSON object, off the record schema) raises a DihalError naming it: a
     leaderboard quietly built without it would misstate the results.
+
+    A record's seal is checked first (docs/method.md#records-and-leaderboards): one whose content
+    does not match it (edited or damaged) is named in a warning and kept out of every table; one
+    written before records were sealed is read, named in a warning and marked unverified in the
+    tables' provenance line; cited job results that changed since the seal are named in a warning.
     """
     if not results_dir.is_dir():
         raise DihalError(f"no run records in {results_dir}: the folder does not exist")
     groups: dict[tuple[str, str, str], Group] = {}
+    left_out: list[tuple[Path, str]] = []  # damaged records and why
     for path in sorted(results_dir.glob("*.json")):
-        found = _json_object(path).get("format")
+        raw = _json_object(path)
+        found = raw.get("format")
         if not (isinstance(found, str) and found.startswith(RUN_RECORD_FORMAT_PREFIX)):
             warn(f"skipping {path}: not a dihal-bench run record (format {found!r}, expected {RECORD_FORMAT!r})")
             continue
-        record = load_record(path)
         # a file name that is not UTF-8 comes as surrogate escapes: shown with U+FFFD instead
         source = path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        integrity = _integrity(raw, path, warn)
+        if integrity.status == DAMAGED:
+            left_out.append((path, integrity.detail))
+            continue
+        record = load_record(path)
         try:
             key = tuple(_name(record[part], part) for part in ("suite", "backbone", "evaluator"))
             group = groups.setdefault(key, Group(*key))
             group.add(record, source)
+            if integrity.status == UNVERIFIED:
+                group.unverified.append(source)
         except KeyError as exc:
             raise DihalError(f"run record {path} is malformed: missing field {one_line(exc)}") from None
         except (IndexError, TypeError, ValueError, AttributeError) as exc:
             raise DihalError(f"run record {path} is malformed ({type(exc).__name__}: {one_line(exc)})") from None
+    if not groups and left_out:
+        names = ", ".join(path.name for path, _ in left_out)
+        raise DihalError(f"no intact run records in {results_dir}: {names} left out (edited or damaged)")
+    for path, detail in left_out:  # said once the error above is ruled out: one line either way
+        warn(f"left out {path}: it {detail}")
     if not groups:
         raise DihalError(f"no run records in {results_dir}")
     ordered = [groups[key] for key in sorted(groups)]
@@ -145,8 +173,23 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     return ordered
 
 
+def _integrity(raw: dict, path: Path, warn: Callable[[str], None]) -> Integrity:
+    """The record's seal checked, with a warning for an unsealed record and for cited job results
+    (where its job store is at hand) that changed; a damaged record is warned about by the caller."""
+    jobs = raw.get("jobs")
+    store = Path(jobs) if isinstance(jobs, str) and jobs else None
+    integrity = record_integrity(raw, store)
+    if integrity.status == UNVERIFIED:
+        warn(f"{path} {integrity.detail}; included, marked unverified")
+    elif integrity.changed:
+        warn(f"{path}: the job result(s) it cites changed since it was sealed ({', '.join(integrity.changed)} "
+             f"in {store}); its own numbers are intact")
+    return integrity
+
+
 def _json_object(path: Path) -> dict:
-    """The JSON object in ``path``, read only to see its format tag; DihalError when it is none."""
+    """The JSON object in ``path``, as stored (its format tag and seal are read from it);
+    DihalError when it is none."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError

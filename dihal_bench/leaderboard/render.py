@@ -28,12 +28,33 @@ CELL_NOTE = "Each cell: mean ± sample standard deviation (ddof=1) over n pooled
 # --- names as data --------------------------------------------------------------------------
 
 
+#: Markdown's inline syntax: backslash-escaped wherever a name holds it (CommonMark lets any
+#: ASCII punctuation be escaped, and an escaped character is plain text). Escaped in one pass
+#: over the text, so that a name's own trailing backslash cannot un-escape the character after it.
+MARKDOWN_SPECIALS = "\\`*[]!~|"
+#: A run of ``_`` between two letters or digits (``gen_ppl``) can neither open nor close
+#: emphasis (CommonMark's flanking rules), so it stays as it is; any other run is escaped.
+_UNDERSCORES = re.compile(r"_+")
+#: What GFM turns into a link without any syntax (``http://…``, ``www.…``, ``a@b.c``): its
+#: trigger character as a numeric entity, which reads the same but triggers nothing.
+_AUTOLINK_TRIGGERS = re.compile(r":(?=//)|(?<=www)\.|@", re.IGNORECASE)
+
+
 def markdown_text(text) -> str:
-    """``text`` inert in Markdown, table cells included: one line, HTML's ``& < >`` as
-    entities (Markdown passes raw HTML through), and ``\\`` and ``|`` backslash-escaped (GFM
-    splits a table row at every unescaped pipe; the backslash first, so that a name's own
-    trailing backslash cannot un-escape the pipe after it)."""
-    return html.escape(one_line(text), quote=False).replace("\\", "\\\\").replace("|", "\\|")
+    """``text`` inert in Markdown, table cells included (docs/method.md#records-and-leaderboards):
+    one line; HTML's ``& < >`` as entities (Markdown passes raw HTML through); link, image,
+    emphasis, code, strikethrough and table syntax (``[ ] ! * _ ` ~ |`` and ``\\``)
+    backslash-escaped (``_`` only where it could mark emphasis); and the characters that start
+    an autolink as entities."""
+    escaped = html.escape(one_line(text), quote=False)
+    escaped = "".join(f"\\{c}" if c in MARKDOWN_SPECIALS else c for c in escaped)
+    escaped = _UNDERSCORES.sub(lambda run: run.group() if _intraword(run) else "\\_" * len(run.group()), escaped)
+    return _AUTOLINK_TRIGGERS.sub(lambda match: f"&#{ord(match.group())};", escaped)
+
+
+def _intraword(run: re.Match) -> bool:
+    text, start, end = run.string, run.start(), run.end()
+    return 0 < start and end < len(text) and text[start - 1].isalnum() and text[end].isalnum()
 
 
 #: Unicode in cells and headers -> LaTeX (text mode).
@@ -134,10 +155,12 @@ def _escaped(frame: pd.DataFrame, escape: Callable[[object], str]) -> pd.DataFra
 # --- formats --------------------------------------------------------------------------------
 
 
-def provenance(sources: dict[str, list[int]]) -> str:
-    """The line that traces a table's numbers back to their run records."""
+def provenance(sources: dict[str, list[int]], unverified: Sequence[str] = ()) -> str:
+    """The line that traces a table's numbers back to their run records, saying which of them
+    carry no seal (docs/method.md#records-and-leaderboards)."""
     seeds = sum(len(s) for s in sources.values())
-    listed = "; ".join(f"{name} (seed{'s' if len(s) != 1 else ''} {', '.join(map(str, s))})"
+    listed = "; ".join(f"{name} (seed{'s' if len(s) != 1 else ''} {', '.join(map(str, s))}"
+                       f"{', unverified: no seal' if name in unverified else ''})"
                        for name, s in sources.items())
     return (f"Built from {len(sources)} run record{'s' if len(sources) != 1 else ''} "
             f"({seeds} seed{'s' if seeds != 1 else ''}): {listed}.")
@@ -150,15 +173,42 @@ def note(table: Table) -> str:
 
 
 def render_markdown(table: Table, group: Group) -> str:
-    body = _escaped(cells(table), markdown_text).to_markdown(index=False, disable_numparse=True)
-    return (f"{markdown_text(provenance(group.sources))}\n\n# {markdown_text(f'{table.title}: {group.title}')}\n\n"
+    # names are escaped; number cells are this module's own text, whose brackets (an interval)
+    # stay readable in the file
+    names = [column.kind == "text" for column in table.columns]
+    frame = cells(table)
+    body = pd.DataFrame([[markdown_text(value) if is_name else value for value, is_name in zip(row, names)]
+                         for row in frame.itertuples(index=False, name=None)],
+                        columns=[markdown_text(header) for header in frame.columns])
+    body = body.to_markdown(index=False, disable_numparse=True)
+    source = provenance(group.sources, group.unverified)
+    return (f"{markdown_text(source)}\n\n# {markdown_text(f'{table.title}: {group.title}')}\n\n"
             f"{markdown_text(note(table))}\n\n{body}\n")
+
+
+#: What a spreadsheet reads as the start of a formula (``=HYPERLINK(…)``, ``@SUM(…)``, and a
+#: tab or carriage return before one), in a text cell.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value):
+    """A CSV cell that no spreadsheet runs: text starting like a formula gets a leading ``'``
+    (the usual rule against CSV injection, docs/method.md#records-and-leaderboards); numbers,
+    negative ones included, stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def render_csv(table: Table, group: Group) -> str:
     # Every text field quoted: pandas' default (minimal) quoting leaves a bare \r unquoted
     # when lines end in \n, and a CSV reader then splits the row there.
-    return table.numbers.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
+    frame = table.numbers.copy()
+    for column in frame.columns:
+        if not pd.api.types.is_numeric_dtype(frame[column]):
+            frame[column] = [csv_text(value) for value in frame[column]]
+    frame.columns = [csv_text(str(column)) for column in frame.columns]
+    return frame.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
 #: Names break only between words, after ``_`` and ``/``, and inside a longer run than this.
@@ -226,7 +276,8 @@ def html_document(title: str, body: str, style: str, script: str = "") -> str:
 
 def render_html(table: Table, group: Group) -> str:
     title = f"{table.title}: {group.title}"
-    body = (f"<p>{html.escape(provenance(group.sources))}</p>\n<h1>{html.escape(title)}</h1>\n"
+    source = provenance(group.sources, group.unverified)
+    body = (f"<p>{html.escape(source)}</p>\n<h1>{html.escape(title)}</h1>\n"
             f"<p class=\"note\">{html.escape(note(table))}</p>\n"
             f"{html_table(table, table.columns)}")
     return html_document(title, body, TABLE_STYLE)
@@ -235,7 +286,8 @@ def render_html(table: Table, group: Group) -> str:
 def render_latex(table: Table, group: Group) -> str:
     body = _escaped(cells(table), latex_text).to_latex(index=False, escape=False)
     # A comment runs to the end of its line, so it only needs to stay on one line.
-    return f"% {one_line(provenance(group.sources))}\n% {one_line(f'{table.title}: {group.title}')}\n{body}"
+    source = provenance(group.sources, group.unverified)
+    return f"% {one_line(source)}\n% {one_line(f'{table.title}: {group.title}')}\n{body}"
 
 
 #: Format -> renderer of one table.

@@ -32,6 +32,7 @@ def run_lm_eval(
     corpus: str = "stdlib-docs",
     batch_size: int = 8,
     out_dir: str | Path | None = None,
+    trust_unverified: bool = False,
 ) -> dict:
     """Evaluate the model ``model_args`` describes (`DihalLM.from_model_args`) on lm-eval tasks.
 
@@ -42,7 +43,8 @@ def run_lm_eval(
     ``metric,filter``. Also written to ``out_dir/lm_eval.json`` when ``out_dir`` is given.
 
     Offline, set ``HF_DATASETS_OFFLINE=1`` before Python starts (``datasets`` reads it at
-    import) so that tasks with cached data do not first try the Hub.
+    import) so that tasks with cached data do not first try the Hub. ``trust_unverified`` loads a
+    bridge checkpoint that records no sha256 of its weights (refused otherwise).
     """
     lm_eval = require_lm_eval()
     from lm_eval.tasks import TaskManager
@@ -58,6 +60,8 @@ def run_lm_eval(
     specs = [local_task_config(corpus) if task == LOCAL_TASK else task for task in tasks]
     if isinstance(model_args, str):
         model_args = simple_parse_args_string(model_args)
+    if trust_unverified:
+        model_args = {**model_args, "trust_unverified": True}
     model = DihalLM.create_from_arg_obj({"batch_size": batch_size, **model_args})
     try:
         evaluated = lm_eval.simple_evaluate(model=model, tasks=specs, limit=limit, log_samples=False,

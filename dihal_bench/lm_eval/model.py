@@ -88,10 +88,11 @@ class DihalLM(TemplateLM):
         device: str | None = None,
         dtype: str | None = None,
         max_batch_size: int | None = None,  # lm-eval passes it for automatic batch sizes, which we lack
+        trust_unverified: bool = False,
     ) -> "DihalLM":
         """The model that lm-eval's ``model_args`` describe (see `load_scorer`)."""
         scorer = load_scorer(backbone, layer=layer, bridge=bridge, steps=steps, max_length=max_length,
-                             device=device, dtype=dtype)
+                             trust_unverified=trust_unverified, device=device, dtype=dtype)
         return cls(scorer, batch_size=batch_size, seed=seed)
 
     @classmethod

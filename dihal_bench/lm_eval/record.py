@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
-from dihal_bench.records import load_record, write_json_atomic
+from dihal_bench.records import INTEGRITY, load_record, write_json_atomic, write_record
 
 
 def is_intact_backbone(method: dict) -> bool:
@@ -44,12 +44,18 @@ def model_args_from_record(record: dict, method: str, seed: int | None = None) -
 
 def attach_to_record(record_path: Path, method: str, seed: int, summary: dict) -> None:
     """Store ``summary`` as ``per_seed[seed].methods[method].lm_eval`` and rewrite the record
-    atomically; DihalError naming the file when the record is unreadable or malformed."""
-    record = load_record(record_path)
+    atomically; DihalError naming the file when the record is unreadable, malformed or does
+    not match its seal. A sealed record is sealed again over its new content (keeping the digests
+    of the job results it cites); an unsealed one stays unsealed: sealing it now would vouch
+    for content nobody checked."""
+    record = load_record(record_path)  # refuses a record that does not match its seal
     entries = [entry for entry in record["per_seed"] if entry["seed"] == seed and method in entry["methods"]]
     if not entries:
         raise DihalError(f"run record {record_path} has no method {method!r} for seed {seed}")
     for entry in entries:
         entry["methods"][method]["lm_eval"] = summary["results"]
         entry["methods"][method]["lm_eval_config"] = summary["config"]
-    write_json_atomic(Path(record_path), record)
+    if INTEGRITY in record:
+        write_record(Path(record_path), record, artifacts=record[INTEGRITY]["artifacts"])
+    else:
+        write_json_atomic(Path(record_path), record)

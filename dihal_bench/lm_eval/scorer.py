@@ -17,7 +17,7 @@ from torch import Tensor
 
 from dihal_bench.backbone import Backbone, load_backbone
 from dihal_bench.bridge import HiddenStateBridge
-from dihal_bench.bridge_io import load_bridge_checkpoint
+from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid import HybridLM, LowerStack
 
@@ -57,6 +57,7 @@ def load_scorer(
     bridge: str | Path | LowerStack | None = None,
     steps: int | None = None,
     max_length: int | None = None,
+    trust_unverified: bool = False,
     **backbone_options,
 ) -> ModelScorer:
     """The intact backbone, or the hybrid of ``backbone`` with ``bridge`` inserted at ``layer``.
@@ -65,8 +66,11 @@ def load_scorer(
     e.g. device and dtype). ``bridge`` is a checkpoint directory (see `save_bridge_checkpoint`;
     it knows its layer) or a bridge object, which needs ``layer``. ``max_length`` defaults to
     the model's context length, at most `DEFAULT_MAX_LENGTH` and at most the longest input the
-    bridge accepts.
+    bridge accepts. A checkpoint whose bridge.json records no sha256 of its weights is refused
+    unless ``trust_unverified``; its description is checked before any model loads.
     """
+    if isinstance(bridge, (str, Path)):
+        read_bridge_meta(bridge, trust_unverified=trust_unverified)
     if not isinstance(backbone, Backbone):
         backbone = load_backbone(str(backbone), **{k: v for k, v in backbone_options.items() if v is not None})
     if bridge is None:
@@ -75,7 +79,7 @@ def load_scorer(
         return ModelScorer(backbone, backbone.tokenizer, backbone.device,
                            window_length(backbone, None, max_length), backbone.name)
     if isinstance(bridge, (str, Path)):
-        bridge, layer = load_bridge_checkpoint(bridge, backbone, layer=layer)
+        bridge, layer = load_bridge_checkpoint(bridge, backbone, layer=layer, trust_unverified=trust_unverified)
     elif layer is None:
         raise DihalError("a bridge object needs the layer it replaces: pass layer=<int>")
     hybrid = HybridLM(backbone, bridge, int(layer), steps=steps)

@@ -22,13 +22,12 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-import safetensors.torch
 import torch
 from tqdm.auto import tqdm
 
 from dihal_bench.cache import cache_root
 from dihal_bench.errors import DihalError
-from dihal_bench.records import current_umask, file_sha256
+from dihal_bench.records import current_umask, file_sha256, write_safetensors_atomic
 
 from .hf_backbone import HFBackbone, resolve_dtype
 
@@ -121,7 +120,7 @@ def _save_dense(model, directory: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(directory)
-    safetensors.torch.save_file(_dense_tensors(model), directory / "model.safetensors", metadata={"format": "pt"})
+    write_safetensors_atomic(directory / "model.safetensors", _dense_tensors(model), metadata={"format": "pt"})
 
 
 def _read_gguf(gguf: Path) -> HFBackbone:
