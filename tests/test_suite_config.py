@@ -208,7 +208,8 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
 #: the key of the first job of each kind a seed makes (ℓ* = 3 on a 30-layer backbone of width 576),
 #: as computed from the suite dicts before the typed config, then with bridgeability measured on
 #: every validation window, then with the diagnostic suite's K = 4 (both changed the bridge jobs' keys on
-#: purpose; locate, targets and baselines kept theirs): a change here orphans stored jobs
+#: purpose; locate, targets and baselines kept theirs), then with mdlm and ar-scratch in the smoke suite
+#: (its latency job times every method, so its key names them): a change here orphans stored jobs
 FIRST_JOBS = {
     "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
                           "sweep-layer": "79664c8798a78b58", "dihal-train": "376f6638cfacbf97",
@@ -217,7 +218,7 @@ FIRST_JOBS = {
                           "steps-point": "4d9fa9b78038c741"},
     "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "3783615758dab013",
               "dihal-train": "5ddfa9881220fe25", "samples": "18026f3ba49d7286", "baseline-train": "acbea2602cff2dfc",
-              "steps-point": "945fc5e401eaf75d", "metrics": "238b00aaf153a065", "latency": "c3b6b9687642fbef"},
+              "steps-point": "945fc5e401eaf75d", "metrics": "238b00aaf153a065", "latency": "25c28c6cdfae577e"},
     "geometry-gemma": {"locate": "39977ee943b270b1", "bridge-targets": "41af6951b63bebb3",
                        "sweep-layer": "26cb0c2ec03d6f80"},
 }
