@@ -101,26 +101,30 @@ class HiddenStateBridge(nn.Module, ABC):
         sink: Tensor | None = None,
     ) -> Tensor:
         """De-standardised ĥ for ``cond``, shape (n, T, width). ``steps`` overrides the
-        bridge's default number of sampling steps; deterministic unless ``stochastic``.
+        bridge's default number of sampling steps; ``stochastic`` asks for a stochastic
+        sampler. Any randomness comes from ``generator``, so that the same generator state
+        gives the same sample (a bridge may take a default seed without one).
 
         With ``sink`` (n, 1, width) the sample is conditioned on the exact position-0 state, as
         in training, and holds it at position 0. Without it the bridge estimates position 0
         too, a state it was not trained on (the no-sink-passthrough ablation)."""
 
-    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None) -> SampleCache | None:
+    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None,
+                         generator: torch.Generator | None = None) -> SampleCache | None:
         """An empty cache for :meth:`sample_step` with ``steps`` sampling steps (None: the
-        bridge's default) and the exact position-0 state ``sink`` (as in :meth:`sample`), or
-        None where the bridge only samples whole sequences (this default): callers then
-        re-run :meth:`sample` on the whole prefix."""
+        bridge's default), the exact position-0 state ``sink`` and ``generator`` (as in
+        :meth:`sample`), or None where the bridge only samples whole sequences (this
+        default): callers then re-run :meth:`sample` on the whole prefix."""
         return None
 
     def sample_step(self, cond_new: Tensor, cache: SampleCache) -> Tensor:
         """De-standardised ĥ (n, T_new, width) for the positions ``cond_new`` (n, T_new, width)
         that follow the ``cache.length`` positions the cache has seen, which it then holds too.
 
-        Deterministic sampling only; up to float rounding, the result equals
-        ``sample(all conditions so far, cache.steps, sink=cache.sink)[:, -T_new:]``: batched over other
-        positions, the same arithmetic may round differently. Only bridges whose
+        Up to float rounding, the result equals ``sample(all conditions so far, cache.steps,
+        generator, sink=cache.sink)[:, -T_new:]`` for the arguments the cache was made with
+        (a stochastic bridge must therefore key its noise by position, not by call): batched
+        over other positions, the same arithmetic may round differently. Only bridges whose
         :meth:`new_sample_cache` returns a cache implement it."""
         raise NotImplementedError(f"{type(self).__name__} samples whole sequences only (no sample cache)")
 

@@ -103,8 +103,12 @@ def backbone_log_probs(backbone: Backbone, sequences: Tensor, batch_size: int = 
 @torch.no_grad()
 def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tensor, mask: Tensor,
                           steps: int | None = None, batch_size: int = 64, *, sink: bool = True,
-                          progress: bool = False) -> dict:
+                          sampler: str | None = None, seed: int = 0, progress: bool = False) -> dict:
     """Bridgeability of a layer: how well ``steps``-step sampled ĥ_ℓ matches h_ℓ.
+
+    ``sampler`` overrides the bridge's update rule (DiHAL's: docs/method.md#bridge; None, the
+    bridge's own, and the only choice for bridges without one); a sampler's noise comes from
+    one generator seeded with ``seed`` and handed to every batch in turn.
 
     With ``sink`` the bridge is given the exact position-0 state, ``target[:, :1]``, as the
     hybrid gives it with sink passthrough (and as training does); without, it samples
@@ -130,6 +134,8 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
     total = torch.zeros(target.shape[-1], dtype=torch.float64)
     squares = torch.zeros_like(total)
     count = 0
+    generator = torch.Generator().manual_seed(seed)
+    override = {} if sampler is None else {"sampler": sampler}
     for start in tqdm(range(0, cond.shape[0], batch_size), desc="bridge reconstruction",
                       disable=not progress, leave=False):
         rows = slice(start, start + batch_size)
@@ -137,7 +143,8 @@ def bridge_reconstruction(bridge: HiddenStateBridge, cond: Tensor, target: Tenso
         if not keep.any():
             continue
         exact_sink = target[rows, :1].to(reference.device, reference.dtype) if sink else None
-        sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps, sink=exact_sink)
+        sampled = bridge.sample(cond[rows].to(reference.device, reference.dtype), steps, generator=generator,
+                                sink=exact_sink, **override)
         # float64 inputs make the standardisation itself run in float64 (the buffers promote)
         raw_predicted = sampled[keep].double()
         raw_actual = target[rows].to(reference.device)[keep].double()
@@ -166,14 +173,15 @@ STEPS_AXIS = (1, 2, 4, 8, 16)
 @torch.no_grad()
 def steps_axis(bridge: HiddenStateBridge, cond: Tensor, target: Tensor, mask: Tensor,
                steps: tuple[int, ...] = STEPS_AXIS, batch_size: int = 64, *, sink: bool = True,
-               progress: bool = False) -> dict[int, dict]:
-    """Bridgeability at each number of sampling steps K in ``steps``, with the same weights:
-    {K: {"mse", "mse_trace", "r2"}} as :func:`bridge_reconstruction` measures them."""
+               sampler: str | None = None, seed: int = 0, progress: bool = False) -> dict[int, dict]:
+    """Bridgeability at each number of sampling steps K in ``steps``, with the same weights and
+    ``sampler``: {K: {"mse", "mse_trace", "r2"}} as :func:`bridge_reconstruction` measures them."""
     if not steps or any(not isinstance(k, int) or isinstance(k, bool) or k < 1 for k in steps):
         raise DihalError(f"the steps axis needs sampling steps ≥ 1, got {steps!r}")
     axis = {}
     for k in steps:
-        measured = bridge_reconstruction(bridge, cond, target, mask, k, batch_size, sink=sink, progress=progress)
+        measured = bridge_reconstruction(bridge, cond, target, mask, k, batch_size, sink=sink, sampler=sampler,
+                                         seed=seed, progress=progress)
         axis[k] = {key: measured[key] for key in ("mse", "mse_trace", "r2")}
     return axis
 

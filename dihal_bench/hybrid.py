@@ -16,6 +16,12 @@ other positions on, as it was in training (``HiddenStateBridge.sample``'s ``sink
 Generation starts from one token, :func:`start_token_id`, the same for every autoregressive
 method; the bridge's training windows start with it too (``bridge_training.bridge_windows``).
 
+A bridge whose sampler draws noise (``HybridLM(sampler=...)``, docs/method.md#bridge) is
+given a generator seeded with ``noise_seed``: the teacher-forced logits are then a function of
+the token ids, and in generation each batch of sequences gets a noise seed of its own, drawn
+from the run's seed. Such a bridge keys its noise by position, so the cached and the uncached
+decode see the same noise.
+
 Controls use the same class with a stand-in bridge: :class:`SkipBridge` feeds h_0 straight
 to the upper layers (layers 1..ℓ deleted), and at ℓ = 0 it gives the intact backbone with
 the same cached decode loop; :class:`OracleBridge` feeds the backbone's true h_ℓ, so the
@@ -52,6 +58,8 @@ class LowerStack(Protocol):
     It may also sample incrementally, with ``new_sample_cache(steps, sink)`` and
     ``sample_step(cond_new, cache)`` as in :class:`HiddenStateBridge`; one without them (or
     whose ``new_sample_cache`` returns None) is re-sampled over the whole prefix per token.
+    Only a :class:`HiddenStateBridge` is also given ``generator`` (and ``sampler``, where the
+    hybrid has one): :meth:`HybridLM.sampling_options`.
     """
 
     def sample(self, cond: Tensor, steps: int | None = None, *, sink: Tensor | None = None) -> Tensor: ...
@@ -96,9 +104,11 @@ class OracleBridge:
 class HybridLM:
     """Next-token model ``lower stack → backbone layers layer+1..L → norm → head``.
 
-    ``steps`` overrides the bridge's default number of sampling steps; a bridge that is a
-    module is put in eval mode. Inputs are token ids (B, T) without left padding: the bridge
-    sees no attention mask, and a causal bridge is unaffected by padding on the right only.
+    ``steps`` and ``sampler`` override the bridge's default number of sampling steps and its
+    update rule (a ``sampler`` is passed on only when given: bridges other than DiHAL's may
+    have none); ``noise_seed`` seeds a :class:`HiddenStateBridge`'s sampling noise. A bridge
+    that is a module is put in eval mode. Inputs are token ids (B, T) without left padding: the
+    bridge sees no attention mask, and a causal bridge is unaffected by padding on the right only.
     """
 
     def __init__(
@@ -109,6 +119,8 @@ class HybridLM:
         *,
         sink_passthrough: bool = True,
         steps: int | None = None,
+        sampler: str | None = None,
+        noise_seed: int = 0,
     ):
         if layer != 0:  # layer 0 with SkipBridge is the intact backbone (see intact_control)
             backbone.check_layer(layer)
@@ -116,6 +128,7 @@ class HybridLM:
             bridge.eval()
         self.backbone, self.bridge, self.layer = backbone, bridge, layer
         self.sink_passthrough, self.steps = sink_passthrough, steps
+        self.sampler, self.noise_seed = sampler, noise_seed
 
     # -- teacher forcing ----------------------------------------------------------------------
     @torch.no_grad()
@@ -135,21 +148,33 @@ class HybridLM:
         return self._for_bridge(self.sink_state(input_ids)) if self.sink_passthrough else None
 
     @torch.no_grad()
-    def bridged_states(self, input_ids: Tensor, sink: Tensor | None = None) -> Tensor:
+    def bridged_states(self, input_ids: Tensor, sink: Tensor | None = None, *,
+                       noise_seed: int | None = None) -> Tensor:
         """The bridge's ĥ_ℓ at every position, (B, T, d), in the bridge's dtype; with sink
         passthrough conditioned on the exact position-0 state, ``sink`` where the caller has
-        :meth:`bridge_sink` already."""
+        :meth:`bridge_sink` already; sampling noise seeded with ``noise_seed`` (None: the hybrid's)."""
         if sink is None:
             sink = self.bridge_sink(input_ids)
-        return self.bridge.sample(self.condition(input_ids), self.steps, sink=sink)
+        return self.bridge.sample(self.condition(input_ids), self.steps, sink=sink,
+                                  **self.sampling_options(noise_seed))
 
     @torch.no_grad()
-    def lower_states(self, input_ids: Tensor) -> Tensor:
+    def lower_states(self, input_ids: Tensor, *, noise_seed: int | None = None) -> Tensor:
         """ĥ_ℓ (B, T, d) that the upper layers receive: the bridge's, with position 0 exact
         when sink passthrough is on."""
         sink = self.bridge_sink(input_ids)
-        states = self.bridged_states(input_ids, sink)
+        states = self.bridged_states(input_ids, sink, noise_seed=noise_seed)
         return states if sink is None else hold_sink(states, sink.to(states))
+
+    def sampling_options(self, noise_seed: int | None = None) -> dict:
+        """What the bridge's ``sample`` and ``new_sample_cache`` are given beyond steps and sink:
+        for a :class:`HiddenStateBridge` a generator seeded with ``noise_seed`` (None: the
+        hybrid's), and the hybrid's ``sampler`` where it has one."""
+        if not isinstance(self.bridge, HiddenStateBridge):
+            return {}
+        seed = self.noise_seed if noise_seed is None else noise_seed
+        options = {"generator": torch.Generator().manual_seed(seed)}
+        return options if self.sampler is None else {**options, "sampler": self.sampler}
 
     def _for_bridge(self, states: Tensor) -> Tensor:
         if isinstance(self.bridge, HiddenStateBridge):  # bridges keep their own dtype and device
@@ -157,14 +182,16 @@ class HybridLM:
         return states
 
     @torch.no_grad()
-    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Next-token logits (B, T, V) at every position."""
-        return self.backbone.resume(self.lower_states(input_ids), self.layer, attention_mask)
+    def logits(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+               noise_seed: int | None = None) -> Tensor:
+        """Next-token logits (B, T, V) at every position (bridge noise seeded with
+        ``noise_seed``; None: the hybrid's)."""
+        return self.backbone.resume(self.lower_states(input_ids, noise_seed=noise_seed), self.layer, attention_mask)
 
-    def decoder(self, *, use_cache: bool = True) -> IncrementalDecoder:
+    def decoder(self, *, use_cache: bool = True, noise_seed: int | None = None) -> IncrementalDecoder:
         """A fresh :class:`IncrementalDecoder`: next-token logits for sequences fed a few
-        tokens at a time."""
-        return IncrementalDecoder(self, use_cache=use_cache)
+        tokens at a time, the bridge's noise seeded with ``noise_seed`` (None: the hybrid's)."""
+        return IncrementalDecoder(self, use_cache=use_cache, noise_seed=noise_seed)
 
     # -- generation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -188,8 +215,8 @@ class HybridLM:
         samples or one per sample (n, P). ``temperature`` 0 is greedy decoding; ``top_p`` < 1
         is nucleus sampling. No special token (BOS, EOS, padding...) is drawn: every method's
         samples are ``max_new_tokens`` tokens of text, as the diffusion baselines' are. One
-        generator seeded with ``seed`` draws every token, so the same seed and batch size give
-        the same tokens. ``use_cache=False`` recomputes the full
+        generator seeded with ``seed`` draws every token, and another one each batch's bridge
+        noise seed, so the same seed and batch size give the same tokens. ``use_cache=False`` recomputes the full
         logits of the prefix at every step (a reference for the cached decode).
         """
         check_sampling(temperature, top_p)
@@ -197,10 +224,13 @@ class HybridLM:
             raise DihalError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         context = self.start_ids(n, prompt_ids)
         generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
+        # apart from the token generator, so that a noiseless bridge draws the tokens it always drew
+        noise_seeds = torch.Generator().manual_seed(seed)
         banned = special_ids(self.backbone.tokenizer)
         samples = []
         for start in tqdm(range(0, n, batch_size), desc="hybrid generate", disable=not progress, leave=False):
-            decoder = self.decoder(use_cache=use_cache)
+            noise_seed = int(torch.randint(0, 2**62, (), generator=noise_seeds))
+            decoder = self.decoder(use_cache=use_cache, noise_seed=noise_seed)
             logits = decoder.append(context[start : start + batch_size])[:, -1]
             tokens = [sample_next_token(logits, temperature, top_p, generator, banned=banned)]
             for _ in range(max_new_tokens - 1):
@@ -236,10 +266,12 @@ class IncrementalDecoder:
     states at a cost that grows with it.
     Uncached (``use_cache=False``): the teacher-forced :meth:`HybridLM.logits` of the whole
     prefix at every call, the reference the cached path must equal up to float rounding.
+    Both seed the bridge's noise with ``noise_seed`` (None: the hybrid's).
     """
 
-    def __init__(self, hybrid: HybridLM, *, use_cache: bool = True):
+    def __init__(self, hybrid: HybridLM, *, use_cache: bool = True, noise_seed: int | None = None):
         self.hybrid, self.use_cache = hybrid, use_cache
+        self.noise_seed = hybrid.noise_seed if noise_seed is None else noise_seed
         self.length = 0  # tokens appended so far
         self.batch: int | None = None
         self.prefix: Tensor | None = None  # the tokens so far, where anything is recomputed from them
@@ -263,10 +295,10 @@ class IncrementalDecoder:
             self.prefix = input_ids if self.prefix is None else torch.cat([self.prefix, input_ids], dim=1)
         if not self.use_cache:
             self.length += new
-            return hybrid.logits(self.prefix)[:, -new:]
+            return hybrid.logits(self.prefix, noise_seed=self.noise_seed)[:, -new:]
 
         if self.bridge_cache is None:
-            states = hybrid.bridged_states(self.prefix, self.sink)[:, -new:]
+            states = hybrid.bridged_states(self.prefix, self.sink, noise_seed=self.noise_seed)[:, -new:]
         else:
             states = hybrid.bridge.sample_step(hybrid.condition(input_ids), self.bridge_cache)
         if self.length == 0 and self.sink is not None:
@@ -281,7 +313,8 @@ class IncrementalDecoder:
         hybrid = self.hybrid
         self.sink = hybrid.bridge_sink(input_ids)
         new_sample_cache = getattr(hybrid.bridge, "new_sample_cache", None)
-        self.bridge_cache = new_sample_cache(hybrid.steps, self.sink) if new_sample_cache else None
+        self.bridge_cache = (new_sample_cache(hybrid.steps, self.sink, **hybrid.sampling_options(self.noise_seed))
+                             if new_sample_cache else None)
 
 
 def skip_control(backbone: Backbone, layer: int, *, sink_passthrough: bool = True) -> HybridLM:

@@ -20,13 +20,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dihal_bench.errors import DihalError
+
+if TYPE_CHECKING:
+    from dihal_bench.corpus import Corpus
 
 #: A text the evaluator scores on fewer tokens than this is invalid for Gen.PPL and MAUVE.
 MIN_SCORED_TOKENS = 2
@@ -117,7 +120,9 @@ class MetricContext:
     `max_length` caps the evaluator's input length in tokens, BOS included; an evaluator
     batch holds at most `max_batch_tokens` rows × padded length (one longer text goes alone).
     A method with fewer than `min_valid` valid samples gets no Gen.PPL or MAUVE, only a
-    warning. `mauve_bootstrap` resamples give MAUVE's 95% interval (0: none).
+    warning. `mauve_bootstrap` resamples give MAUVE's 95% interval (0: none). `corpus` is the
+    run's corpus (None outside a run), for metrics that score samples against the source itself,
+    such as the markov corpus's exact metrics (docs/known-answers.md).
     """
 
     evaluator: Evaluator | None
@@ -127,6 +132,7 @@ class MetricContext:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     min_valid: int = 16
     mauve_bootstrap: int = 50
+    corpus: Corpus | None = None
 
     def __post_init__(self) -> None:
         for name, minimum in (("max_length", 2), ("max_batch_tokens", 1), ("min_valid", 1), ("mauve_bootstrap", 0)):

@@ -128,8 +128,20 @@ def method_stage(name: str) -> str:
     return "baselines"
 
 
-def steps_label(steps: int) -> str:
-    return f"DiHAL at K={steps} steps"
+def steps_label(steps: int, sampler: str | None = None) -> str:
+    """A steps-axis point's label; ``sampler`` None is the suite's own bridge sampler."""
+    return f"DiHAL at K={steps} steps" + (f", {sampler} sampler" if sampler is not None else "")
+
+
+def steps_axis_samplers(config: SuiteConfig) -> tuple[str | None, ...]:
+    """The bridge samplers the steps axis measures each K with (docs/method.md#bridge): the
+    suite's ``bridge.steps_axis_samplers``, or (None,), the suite's own sampler alone."""
+    return tuple(config.bridge.steps_axis_samplers) or (None,)
+
+
+def steps_axis_points(config: SuiteConfig) -> list[tuple[str | None, int]]:
+    """(sampler, K) of every steps-axis point, sampler by sampler, in the order the runner does them."""
+    return [(sampler, k) for sampler in steps_axis_samplers(config) for k in config.bridge.steps_axis]
 
 
 def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]:
@@ -141,7 +153,7 @@ def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]
         *(Unit("targets", f"bridge targets T={length}", seq_len=length) for length in target_lengths(config)),
         *(Unit("sweep", f"sweep layer {i + 1}/{n_sweep}") for i in range(n_sweep)),
         *(Unit(method_stage(name), name) for name in method_names(config)),
-        *(Unit("steps", steps_label(k)) for k in config.bridge.steps_axis),
+        *(Unit("steps", steps_label(k, sampler)) for sampler, k in steps_axis_points(config)),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
         *([Unit("latency", "latency")] if method_names(config) else []),  # a geometry-only suite has no methods
     ]

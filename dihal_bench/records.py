@@ -346,17 +346,6 @@ def write_record(path: Path, record: dict, store_root: Path | None = None, *,
     write_json_atomic(Path(path), seal_record(record, store_root, artifacts=artifacts))
 
 
-def seal_record_file(path: Path, store_root: Path | None = None) -> None:
-    """Seal the record file at ``path`` where it has no seal yet (``dihal-bench run`` does this
-    with the record the runner just wrote); a sealed record is left as it is."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DihalError(f"run record {path} is not readable JSON ({exc})") from None
-    if isinstance(record, dict) and INTEGRITY not in record:
-        write_record(Path(path), record, store_root)
-
-
 def record_integrity(record: dict, store_root: Path | None = None) -> Integrity:
     """Whether ``record`` (as read from its file, before any migration) matches its seal.
 

@@ -24,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from dihal_bench.backbone import Backbone, load_backbone
@@ -47,6 +47,7 @@ from dihal_bench.budget import Budget
 from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
 from dihal_bench.executors import Executor, Item, LocalExecutor
+from dihal_bench.geometry import check_drop_top
 from dihal_bench.hybrid import HybridLM, intact_control, skip_control
 from dihal_bench.jobs import JobStore, spec_hash
 from dihal_bench.locate import LocateConfig, locate
@@ -57,6 +58,7 @@ from dihal_bench.plan import (
     auto_sweep_layers,
     budget_sections,
     seed_units,
+    steps_axis_points,
     steps_label,
 )
 from dihal_bench.plugins import get_registry
@@ -68,7 +70,8 @@ from dihal_bench.records import (
     metric_description,
     record_problem,
     slug,
-    write_json_atomic,
+    write_record,
+    write_safetensors_atomic,
     write_text_atomic,
 )
 from dihal_bench.references import held_out_windows, unigram_samples
@@ -145,7 +148,14 @@ class Run:
     # -- data -------------------------------------------------------------------------------------
     def check_inputs(self) -> None:
         """What can only be checked with the backbone and corpus loaded, before any job runs:
-        explicit sweep layers exist and the training split can feed every budget."""
+        explicit sweep layers exist, locate's tokens and dropped channels fit the validation split
+        and the width, and the training split can feed every budget."""
+        locate = self.config.locate
+        check_drop_top(locate.drop_top, self.backbone.width)
+        windows = len(packed_split(self.backbone, self.corpus, "validation", locate.seq_len))
+        if locate.tokens > windows * (locate.seq_len - 1):
+            raise DihalError(f"locate.tokens={locate.tokens} exceeds the {windows * (locate.seq_len - 1)} token "
+                             f"positions of the validation split ({windows} windows of {locate.seq_len} tokens)")
         if self.config.sweep.layers != "auto":
             check_layers(self.backbone, list(self.config.sweep.layers))
         for section in budget_sections(self.config, self.backbone.num_layers):
@@ -247,7 +257,7 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
         if problem:  # a bug, not bad input: the record this code writes must follow its schema
             raise AssertionError(f"the run record does not follow its schema: {problem}")
         path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
-        write_json_atomic(path, record)
+        write_record(path, record, run.store.root)
     return path
 
 
@@ -308,7 +318,8 @@ def run_seed(run: Run, seed: int, executor: Executor | None = None) -> dict:
     Stages, each a list of items independent of each other, each stage needing the ones before:
     locate → bridge targets (one per sequence length) → sweep layers → methods (every DiHAL role,
     control, reference and baseline, each with its own train → sample chain) → steps-axis points
-    (DiHAL at ℓ* with other K) → each method's metrics → latency (one item: it times decodes)."""
+    (DiHAL at ℓ* with other K, under each of the steps axis's samplers) → each method's metrics →
+    latency (one item: it times decodes)."""
     executor = executor or LocalExecutor().start(run)
     config = run.config
     explicit = config.sweep.layers
@@ -350,7 +361,8 @@ def run_seed(run: Run, seed: int, executor: Executor | None = None) -> dict:
                                                 for label, kind, name in rows])
     methods = {label: method for (label, _, _), method in zip(rows, made, strict=True)}
     steps_axis = executor.map("steps", steps_point, [
-        Item(steps_label(k), (methods["dihal-chosen"], spec, k, seed, data_layers)) for k in config.bridge.steps_axis])
+        Item(steps_label(k, sampler), (methods["dihal-chosen"], spec, k, seed, data_layers, sampler))
+        for sampler, k in steps_axis_points(config)])
 
     references = run.reference_texts(config.sampling.samples, config.sampling.seq_len, seed)
     scores = executor.map("metrics", metrics_unit, [Item(f"metrics {name}", (name, method, references, seed))
@@ -404,10 +416,10 @@ def bridge_targets(run: Run, seed: int, layers: list[int], same_length: list[Bud
         packed = packed_split(run.backbone, run.corpus, "train", length)
         sequences = training_subset(packed, same_length, seed)
         states = with_states(run.backbone, sequences, layers, run.progress)
-        save_file({"sequences": states.sequences.contiguous()}, folder / "sequences.safetensors")
+        write_safetensors_atomic(folder / "sequences.safetensors", {"sequences": states.sequences.contiguous()})
         files = {}
         for layer, tensor in states.states.items():
-            save_file({"states": tensor.contiguous()}, folder / f"layer-{layer}.safetensors")
+            write_safetensors_atomic(folder / f"layer-{layer}.safetensors", {"states": tensor.contiguous()})
             files[str(layer)] = run.store.relative(folder / f"layer-{layer}.safetensors")
         return {"sequences": run.store.relative(folder / "sequences.safetensors"), "layers": files,
                 "count": len(sequences)}
@@ -533,16 +545,27 @@ def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
             "samples_job": _hash("samples", sample_job)}
 
 
-def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int, data_layers: list[int]) -> dict:
-    """DiHAL at ℓ* with the same weights sampled in ``steps`` steps: bridgeability and hybrid
-    PPL on the validation windows, and the Gen.PPL of samples drawn with that K."""
+def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int, data_layers: list[int],
+                sampler: str | None = None) -> dict:
+    """DiHAL at ℓ* with the same weights sampled in ``steps`` steps with the update rule
+    ``sampler`` (None: the suite's): bridgeability and hybrid PPL on the validation windows, and
+    the Gen.PPL of samples drawn with that K. The point records the sampler it used; its job key
+    names the sampler only where it is not the suite's, so the suite's own points keep theirs."""
     layer, config = method["layer"], run.config
+    suite_sampler = getattr(spec.build(run.backbone.width), "sampler", None)
+    if sampler is not None and suite_sampler is None:
+        raise DihalError(f"bridge {spec.name!r} has no sampler option, so bridge.steps_axis_samplers cannot "
+                         f"put sampler {sampler!r} on the steps axis")
+    other = sampler is not None and sampler != suite_sampler
     at_steps = dataclasses.replace(spec, sample_steps=steps)
     job = {"train": method["train_job"], "steps": steps, **eval_identity(config), **sampling_identity(config),
-           "seed": seed, "evaluator": config.evaluator, "max_length": config.metrics.max_length}
+           "seed": seed, "evaluator": config.evaluator, "max_length": config.metrics.max_length,
+           **({"sampler": sampler} if other else {})}
 
     def work(folder: Path) -> dict:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(method["train"]["checkpoint"]), run.backbone, layer=layer)
+        if other:  # the same weights; the update rule is a sampling default (docs/method.md#bridge)
+            bridge.sampler = sampler
         valid = run.valid_states(spec.budget.seq_len, layer, data_layers)
         # the skip control does not depend on K: its perplexity is the sweep's
         quality = evaluate_layer(run.backbone, bridge, layer, at_steps, valid,
@@ -550,13 +573,14 @@ def steps_point(run: Run, method: dict, spec: BridgeSpec, steps: int, seed: int,
         hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=steps)
         ids = draw_samples(run, hybrid, seed)
         texts = run.backbone.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        scored = compute_named_metrics(run, f"DiHAL K={steps}", SampleSet(method=f"K={steps}", texts=texts,
-                                                                          token_ids=ids.tolist()),
-                                       [], seed, ["gen_ppl"])
+        name = f"K={steps}" + (f" {sampler}" if other else "")
+        samples = SampleSet(method=name, texts=texts, token_ids=ids.tolist())
+        scored = compute_named_metrics(run, f"DiHAL {name}", samples, [], seed, ["gen_ppl"])
         return {"steps": steps, "layer": layer, **{k: quality[k] for k in STEPS_AXIS_KEYS if k in quality},
                 "gen_ppl": scored.get("gen_ppl")}
 
-    return run.store.run("steps-point", job, work)
+    # outside the job: points stored before samplers were recorded get it too
+    return {**run.store.run("steps-point", job, work), "sampler": sampler if other else suite_sampler}
 
 
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
@@ -632,7 +656,7 @@ def compute_named_metrics(run: Run, name: str, samples: SampleSet, references: l
                           metrics: list[str]) -> dict:
     """``metrics`` of one method's samples, each value under the metric's name and its side
     values prefixed with it."""
-    context = MetricContext(evaluator=run.evaluator, references=references, seed=seed,
+    context = MetricContext(evaluator=run.evaluator, references=references, seed=seed, corpus=run.corpus,
                             **{key: getattr(run.config.metrics, key) for key in METRIC_CONTEXT_KEYS})
     values = {}
     registry = get_registry()

@@ -39,6 +39,8 @@ PREPROCESSING = ("trace", "none", "standardize", "trace-drop-top")  # = geometry
 DTYPES = ("float32", "bfloat16", "float16")
 #: how bridge training windows get their hidden states (bridge.targets)
 BRIDGE_TARGETS = ("stored", "streamed")
+#: the dihal-bridge's update rules (= dihal_builtin.bridge.SAMPLER_STEPS), which a steps axis may compare
+BRIDGE_SAMPLERS = ("mean", "ddim", "ancestral")
 
 DEFAULTS: dict = {
     "description": "",
@@ -73,7 +75,9 @@ DEFAULTS: dict = {
                # layer on disk; "streamed": each training step computes its batch's states (docs/method.md#bridge)
                "targets": "stored",
                # DiHAL at ℓ* re-evaluated (bridgeability, hybrid PPL, samples) at each of these K
-               "steps_axis": []},
+               "steps_axis": [],
+               # ... under each of these samplers of the dihal-bridge ([]: the suite's own sampler alone)
+               "steps_axis_samplers": []},
     "methods": {"dihal": list(DIHAL_ROLES), "controls": [], "references": [], "baselines": []},
     "sampling": {"samples": 64, "seq_len": 64, "batch_size": 16, "temperature": 1.0, "top_p": 1.0,
                  "diffusion_steps": 50},
@@ -293,6 +297,7 @@ RULES = {
     "bridge.sink_passthrough": _bool,
     "bridge.targets": lambda v, k, s: _string(v, k, s, BRIDGE_TARGETS),
     "bridge.steps_axis": lambda v, k, s: _counts(v, k, s),
+    "bridge.steps_axis_samplers": lambda v, k, s: _names(v, k, s, BRIDGE_SAMPLERS, allow_empty=True),
     "methods.dihal": lambda v, k, s: _names(v, k, s, DIHAL_ROLES, allow_empty=True),
     "methods.controls": lambda v, k, s: _names(v, k, s, CONTROLS, allow_empty=True),
     "methods.references": lambda v, k, s: _names(v, k, s, REFERENCES, allow_empty=True),

@@ -102,6 +102,7 @@ class BridgeSettings(_Table):
     sink_passthrough: bool
     targets: str  # "stored" or "streamed"
     steps_axis: tuple[int, ...]
+    steps_axis_samplers: tuple[str, ...]
 
     @property
     def streams_targets(self) -> bool:

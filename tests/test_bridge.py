@@ -305,9 +305,10 @@ def test_bridge_validates_its_inputs():
 
 
 def test_config_rebuilds_the_architecture():
-    bridge = DihalBridge(D, d_model=32, layers=3, heads=4, sigma=0.3, steps=6, max_len=64)
+    bridge = DihalBridge(D, d_model=32, layers=3, heads=4, sigma=0.3, steps=6, max_len=64, sampler="ddim")
     assert bridge.config() == {
         "width": D, "d_model": 32, "layers": 3, "heads": 4, "sigma": 0.3, "steps": 6, "dropout": 0.0, "max_len": 64,
+        "sampler": "ddim",
     }
     rebuilt = DihalBridge(**bridge.config())
     shapes = {name: tensor.shape for name, tensor in bridge.state_dict().items()}
@@ -387,7 +388,8 @@ def test_regressor_learns_a_toy_map():
 
 def test_regressor_is_the_dihal_network_and_accepts_its_options():
     options = {"d_model": 32, "layers": 2, "heads": 4, "max_len": 64}
-    regressor = RegressorBridge(D, sigma=0.3, steps=6, **options)  # DiHAL's diffusion options do not apply
+    # DiHAL's diffusion options do not apply
+    regressor = RegressorBridge(D, sigma=0.3, steps=6, sampler="ancestral", **options)
     assert regressor.config() == {"width": D, "dropout": 0.0, **options}
     rebuilt = RegressorBridge(**regressor.config())
     assert {k: v.shape for k, v in rebuilt.state_dict().items()} == \

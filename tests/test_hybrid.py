@@ -186,7 +186,7 @@ class SpiedBridge(DihalBridge):
 class WholeSequenceBridge(SpiedBridge):
     """A bridge with no sample cache, as a third-party bridge that only implements ``sample``."""
 
-    def new_sample_cache(self, steps=None, sink=None):
+    def new_sample_cache(self, steps=None, sink=None, generator=None, sampler=None):
         return None
 
 

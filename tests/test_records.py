@@ -25,7 +25,6 @@ from dihal_bench.records import (
     record_integrity,
     record_problem,
     seal_record,
-    seal_record_file,
     write_record,
 )
 
@@ -148,16 +147,6 @@ def test_a_record_without_a_seal_is_unverified_and_still_loads(tmp_path):
     for path in COMMITTED:  # written before records were sealed
         assert record_integrity(json.loads(path.read_text())).status == UNVERIFIED
         load_record(path)
-
-
-def test_sealing_a_record_file_seals_it_once(tmp_path):
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(migrate_v1(v1_record())))
-    seal_record_file(path)
-    sealed = path.read_bytes()
-    assert record_integrity(json.loads(sealed)).status == VERIFIED
-    seal_record_file(path)
-    assert path.read_bytes() == sealed
 
 
 def test_lm_eval_results_reseal_a_sealed_record_and_an_edited_one_is_refused(tmp_path):

@@ -3,6 +3,7 @@ end on a random-weight model, a resume after kill -9, and the real `smoke` suite
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -11,14 +12,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import WORDS
+from dihal_builtin.bridge import DihalBridge
 
 from dihal_bench.errors import DihalError
 from dihal_bench.jobs import JobStore, spec_hash
-from dihal_bench.records import load_record
+from dihal_bench.records import DAMAGED, VERIFIED, load_record, record_integrity
 from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
 
 # --- suites and overrides ---------------------------------------------------------------------
@@ -204,6 +207,7 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "control-skip",
                                     "control-regressor", "reference-unigram", "reference-human", "ar-backbone"}
     assert [point["steps"] for point in seed["steps_axis"]] == [1, 2]
+    assert all(point["sampler"] == "mean" for point in seed["steps_axis"])  # the bridge's default, recorded
     assert all(point["layer"] == seed["roles"]["chosen"] and point["bridge_mse"] > 0 for point in seed["steps_axis"])
     assert {seed["methods"][name]["kind"] for name in ("control-skip", "control-regressor")} == {"control"}
     assert seed["methods"]["control-regressor"]["in_budget"] is True
@@ -338,6 +342,14 @@ def test_bridgeability_windows_are_a_seeded_subset_and_streamed_runs_hold_one_la
         apply_overrides(config, {"sweep.bridgeability_windows": "3"})
 
 
+def test_the_runner_seals_its_record_over_the_job_results_it_cites(uninterrupted_record):
+    integrity = record_integrity(uninterrupted_record, Path.cwd() / uninterrupted_record["jobs"])
+    assert integrity.status == VERIFIED and not integrity.changed
+    assert uninterrupted_record["integrity"]["artifacts"]  # the cited checkpoints' and samples' jobs
+    edited = {**uninterrupted_record, "seeds": [1]}
+    assert record_integrity(edited).status == DAMAGED
+
+
 def test_the_record_names_its_job_store_relative_to_where_the_run_was_started(uninterrupted_record):
     # the run was given an absolute --out; lm_eval.record resolves "jobs" against the working directory
     jobs = Path(uninterrupted_record["jobs"])
@@ -371,7 +383,7 @@ def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
     seed = json.loads(path.read_text())["per_seed"][0]
     assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "control-skip", "control-regressor",
                                     "reference-unigram", "reference-human", "diffusion-lm", "sed", "ld4lg", "codar",
-                                    "ar-backbone"}
+                                    "mdlm", "ar-scratch", "ar-backbone"}
     allowance = seed["budget"]["param_allowance"]
     for name, method in seed["methods"].items():
         if method["in_budget"]:
@@ -407,3 +419,51 @@ def test_auto_sweep_layers_has_exactly_count_layers_dense_over_the_shallow_ones(
                 picked = auto_sweep_layers(layers, required, count)
                 assert len(picked) == min(count, layers - 1) or len(required) > count
                 assert required <= set(picked) and set(picked) <= set(range(1, layers))
+
+
+# --- the steps axis under several bridge samplers ---------------------------------------------
+
+
+def with_axis_samplers(config, samplers: tuple[str, ...]):
+    return dataclasses.replace(config, bridge=dataclasses.replace(config.bridge, steps_axis_samplers=samplers))
+
+
+class KeyStore:
+    """A job store that runs nothing: it keeps each job's kind and spec and returns a stand-in result."""
+
+    def __init__(self):
+        self.jobs: list[tuple[str, dict]] = []
+
+    def run(self, kind: str, spec: dict, work) -> dict:
+        self.jobs.append((kind, spec))
+        return {"steps": spec["steps"], "layer": 3, "bridge_mse": 0.5}
+
+
+def test_the_steps_axis_puts_each_sampler_on_it_and_the_suites_own_keeps_its_key():
+    from dihal_bench import runner
+    from dihal_bench.plan import seed_units
+    from dihal_bench.protocol import bridge_spec
+
+    _, config = resolve_suite("smoke")
+    both = with_axis_samplers(config, ("mean", "ancestral"))
+    assert apply_overrides(config, {"bridge.steps_axis_samplers": '["mean", "ancestral"]'}) == both
+    with pytest.raises(DihalError, match="steps_axis_samplers"):
+        apply_overrides(config, {"bridge.steps_axis_samplers": '["euler"]'})
+    steps_units = [unit.label for unit in seed_units(both, num_layers=30) if unit.stage == "steps"]
+    assert steps_units == ["DiHAL at K=1 steps, mean sampler", "DiHAL at K=8 steps, mean sampler",
+                           "DiHAL at K=1 steps, ancestral sampler", "DiHAL at K=8 steps, ancestral sampler"]
+    assert [unit.label for unit in seed_units(config, num_layers=30) if unit.stage == "steps"] == \
+        ["DiHAL at K=1 steps", "DiHAL at K=8 steps"]  # no samplers listed: the suite's own alone
+
+    run = runner.Run("smoke", config, Path("never-written"), progress=False)
+    run.__dict__["backbone"] = SimpleNamespace(width=16)
+    run.store = KeyStore()
+    spec = bridge_spec(config, "budget", 0)
+    method = {"layer": 3, "train_job": "trained", "train": {"checkpoint": "bridge"}}
+    points = [runner.steps_point(run, method, spec, 8, 0, [3], sampler) for sampler in (None, "mean", "ancestral")]
+    (_, own), (_, named_own), (_, other) = run.store.jobs
+    assert own == named_own and "sampler" not in own  # the suite's sampler (mean): the key it always had
+    assert other == {**own, "sampler": "ancestral"}
+    assert [point["sampler"] for point in points] == ["mean", "mean", "ancestral"]
+    with pytest.raises(DihalError, match="unknown bridge sampler 'euler'"):
+        DihalBridge(16, d_model=8, heads=2).sampler = "euler"

@@ -61,7 +61,6 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     same path (docs/executors.md)."""
     from dihal_bench.executors import make_executor
     from dihal_bench.preflight import check_store_free, check_suite
-    from dihal_bench.records import seal_record_file
     from dihal_bench.runner import run_suite
 
     name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets)
@@ -85,5 +84,4 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     check_store_free(Path(out_root) / name / "jobs")  # the store run_suite locks, before its models load
     path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
                      executor=chosen)
-    seal_record_file(path, Path(out_root) / name / "jobs")  # a no-op once the runner seals its own records
     click.echo(f"wrote run record {path}")

@@ -8,11 +8,21 @@ standardised condition c = h_0 (at t=1),
     x_t = (1−t)·x₀ + t·c + σ·√(t(1−t))·ε,   ε ~ N(0, I),
 
 with a causal transformer denoiser f(x_t, t, c) ≈ x₀ trained by MSE. Sampling starts at
-x_1 = c and walks the uniform grid t_k = k/K down to 0 with the bridge posterior
+x_1 = c and walks the uniform grid t_k = k/K down to 0, one of three update rules per step
+(the ``sampler`` option; docs/method.md#bridge):
 
-    x_s = x̂₀ + (s/t)·(x_t − x̂₀)  [+ σ·√(s(t−s)/t)·ε when stochastic],
+- ``mean``: x_s = x̂₀ + (s/t)·(x_t − x̂₀), the mean of a Brownian bridge pinned at x̂₀ and
+  x_t, observed at s. It adds no noise, so x_t drifts off the training marginal.
+- ``ancestral``: the same mean plus the posterior's spread σ·√(s(t−s)/t)·z: a draw from
+  q(x_s | x_t, x₀ = x̂₀), which keeps x_t on the marginal when x̂₀ is right.
+- ``ddim``: x_s = (1−s)·x̂₀ + s·c + σ·√(s(1−s))·ε̂, the marginal at s with the noise ε̂
+  inferred from x_t, deterministic after the first step. At t = 1, x_1 = c holds no noise to
+  infer, so the first step draws ε̂ ~ N(0, I) (the "booting noise" of diffusion bridge
+  implicit models, Zheng et al. 2024, arXiv 2405.15885), which makes it the ancestral step.
 
-which is the mean (and spread) of a Brownian bridge pinned at x̂₀ and x_t, observed at s.
+Noise is a function of (seed, sampling step, absolute position): every position's noise is
+drawn from a generator of its own, so a position's ĥ does not change when later positions are
+added, whole-sequence and incremental sampling agree, and the same seed gives the same numbers.
 
 Position 0 (the attention sink) is held at its exact state in x_t, at every t, both in
 training (its clean target) and in sampling (the ``sink`` the caller computes): every other
@@ -27,14 +37,14 @@ R² ≈ 0.65 of h_1 and 0.38 of h_3 on SmolLM2-135M); through the transformer's 
 bottleneck alone, a short CPU budget learned under half of that (R² 0.21 vs 0.38 at layer
 3 after 150 steps, measured side by side), with the path it matched it.
 
-Incremental sampling (``sample_step``) serves the hybrid's token-by-token decoding. With
-deterministic sampling, the K denoiser calls see x_t at K fixed times t_k, and a position's
-x_t at t_k depends only on the positions up to it, so each of the K calls is an ordinary
-causal transformer pass over a growing sequence: one key/value cache per sampling step and
-block lets a new position attend to the earlier ones without recomputing them. Everything
-else is per position: the standardiser, the linear condition path, the learned position
-(indexed by absolute position), the time embedding (one per step, shared by all positions)
-and the held sink (position 0 of the first call).
+Incremental sampling (``sample_step``) serves the hybrid's token-by-token decoding. The K
+denoiser calls see x_t at K fixed times t_k, and a position's x_t at t_k depends only on
+the positions up to it (and on its own noise, keyed by its position), so each of the K calls
+is an ordinary causal transformer pass over a growing sequence: one key/value cache per
+sampling step and block lets a new position attend to the earlier ones without recomputing
+them. Everything else is per position: the standardiser, the linear condition path, the
+learned position (indexed by absolute position), the time embedding (one per step, shared
+by all positions), the noise and the held sink (position 0 of the first call).
 
 The regressor control (``RegressorBridge``) is the same network trained at t = 1 only, where
 the bridge sits exactly on the condition (x_1 = c, no noise), and sampled in the one step
@@ -57,8 +67,110 @@ from dihal_bench.errors import DihalError
 from .layers import Block, timestep_embedding
 
 
+#: draws standard normal noise shaped like the state it is added to, only when a step needs it
+NoiseDraw = Callable[[], Tensor]
+
+
+def posterior_mean_step(x_t: Tensor, x0_hat: Tensor, c: Tensor, t: float, s: float, sigma: float,
+                        draw: NoiseDraw) -> Tensor:
+    """``mean``: x_s = x̂₀ + (s/t)·(x_t − x̂₀), the bridge posterior's mean; no noise."""
+    return x0_hat + (s / t) * (x_t - x0_hat)
+
+
+def ancestral_step(x_t: Tensor, x0_hat: Tensor, c: Tensor, t: float, s: float, sigma: float,
+                   draw: NoiseDraw) -> Tensor:
+    """``ancestral``: a draw from q(x_s | x_t, x₀ = x̂₀) = N(x̂₀ + (s/t)·(x_t − x̂₀), σ²·s(t−s)/t)."""
+    mean = posterior_mean_step(x_t, x0_hat, c, t, s, sigma, draw)
+    return mean + sigma * math.sqrt(s * (t - s) / t) * draw() if s > 0 else mean
+
+
+def implicit_step(x_t: Tensor, x0_hat: Tensor, c: Tensor, t: float, s: float, sigma: float,
+                  draw: NoiseDraw) -> Tensor:
+    """``ddim``: x_s = (1−s)·x̂₀ + s·c + σ·√(s(1−s))·ε̂ with ε̂ = (x_t − (1−t)·x̂₀ − t·c)/(σ·√(t(1−t))),
+    written without the division by σ (which cancels); at t = 1 ε̂ is drawn (booting noise)."""
+    if s == 0:
+        return x0_hat
+    on_marginal = (1 - s) * x0_hat + s * c
+    if t == 1:  # x_1 = c: no noise to infer
+        return on_marginal + sigma * math.sqrt(s * (1 - s)) * draw()
+    return on_marginal + math.sqrt(s * (1 - s) / (t * (1 - t))) * (x_t - (1 - t) * x0_hat - t * c)
+
+
+#: the bridge's update rules from t to s < t, by the name the ``sampler`` option takes
+SAMPLER_STEPS: dict[str, Callable[..., Tensor]] = {
+    "mean": posterior_mean_step,
+    "ddim": implicit_step,
+    "ancestral": ancestral_step,
+}
+
+
+def check_sampler(name: str) -> str:
+    if name not in SAMPLER_STEPS:
+        raise DihalError(f"unknown bridge sampler {name!r}: choose one of {', '.join(SAMPLER_STEPS)}")
+    return name
+
+
+def reverse_bridge(c: Tensor, steps: int, denoise: Callable[[int, Tensor], Tensor], step: Callable[..., Tensor],
+                   sigma: float, noise: Callable[[int], Tensor], held: Tensor | None = None) -> Tensor:
+    """The standardised x̂₀ of the last of ``steps`` updates ``step`` from x_1 = c on the grid
+    t_k = k/steps; ``denoise(k, x_t)`` is x̂₀ at t = k/steps (the network, or an exact posterior
+    in tests) and ``noise(k)`` the standard normal noise of step k, drawn only if the step uses
+    it. ``held`` (n, 1, width), the standardised sink, stays at position 0 of x_t and x̂₀
+    throughout, as in training."""
+    hold = (lambda x: x) if held is None else (lambda x: hold_sink(x, held))
+    x_t = hold(c)  # x_1 = c: at t=1 the bridge sits exactly on the condition
+    for k in range(steps, 0, -1):
+        t, s = k / steps, (k - 1) / steps
+        x0_hat = hold(denoise(k, x_t))
+        x_t = hold(step(x_t, x0_hat, c, t, s, sigma, lambda k=k: noise(k)))
+    return x0_hat
+
+
+class PositionNoise:
+    """Standard normal noise keyed by (seed, sampling step, absolute position): position p's
+    noise at step k, (n, width) for a batch of n, is drawn from a generator seeded with a
+    hash of (seed, k, p), so it is the same whichever positions are sampled with it.
+    Generators run on the tensors' device: the same seed gives the same noise on one kind
+    of device, not across kinds."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    @classmethod
+    def from_generator(cls, generator: torch.Generator | None) -> PositionNoise:
+        """Noise whose seed is one draw from ``generator`` (seed 0 without one)."""
+        if generator is None:
+            return cls(0)
+        return cls(int(torch.randint(0, 2**62, (), generator=generator, device=generator.device)))
+
+    def __call__(self, step: int, start: int, like: Tensor) -> Tensor:
+        """Noise shaped like ``like`` (n, T, width) for positions start..start+T−1 at ``step``."""
+        n, length, width = like.shape
+        rows = []
+        for position in range(start, start + length):
+            generator = torch.Generator(device=like.device).manual_seed(_mix(self.seed, step, position))
+            rows.append(torch.randn(n, width, generator=generator, device=like.device, dtype=like.dtype))
+        return torch.stack(rows, dim=1)
+
+
+def _mix(*values: int) -> int:
+    """A 63-bit hash of non-negative integers (SplitMix64's finaliser over each in turn), so that
+    nearby (seed, step, position) triples seed unrelated generator streams."""
+    mask = 2**64 - 1
+    state = 0x9E3779B97F4A7C15
+    for value in values:
+        state = (state ^ value) * 0xBF58476D1CE4E5B9 & mask
+        state = (state ^ (state >> 27)) * 0x94D049BB133111EB & mask
+        state ^= state >> 31
+    return state >> 1
+
+
 class DihalBridge(HiddenStateBridge):
-    """Brownian-bridge diffusion with an x₀-predicting causal transformer denoiser."""
+    """Brownian-bridge diffusion with an x₀-predicting causal transformer denoiser.
+
+    ``steps`` and ``sampler`` are the sampling defaults (K and the update rule, one of
+    :data:`SAMPLER_STEPS`); ``sample``, ``new_sample_cache`` and the hybrid can override both.
+    """
 
     def __init__(
         self,
@@ -70,8 +182,10 @@ class DihalBridge(HiddenStateBridge):
         steps: int = 8,
         dropout: float = 0.0,
         max_len: int = 512,
+        sampler: str = "mean",
     ):
         super().__init__(width)
+        self.sampler = sampler
         if d_model % heads:
             raise DihalError(f"bridge d_model {d_model} is not divisible by heads {heads}")
         self.d_model, self.layers, self.heads = d_model, layers, heads
@@ -97,7 +211,18 @@ class DihalBridge(HiddenStateBridge):
             "steps": self.steps,
             "dropout": self.dropout,
             "max_len": self.max_len,
+            "sampler": self.sampler,
         }
+
+    @property
+    def sampler(self) -> str:
+        """The default update rule, a name of :data:`SAMPLER_STEPS`: a sampling setting, not a
+        weight, so a trained bridge may be sampled with another (the runner's steps axis)."""
+        return self._sampler_name
+
+    @sampler.setter
+    def sampler(self, name: str) -> None:
+        self._sampler_name = check_sampler(name)
 
     def denoise(self, x_t: Tensor, t: Tensor, c: Tensor) -> Tensor:
         """f(x_t, t, c): the standardised x₀ predicted from (n, T, width) x_t and c and (n,) t."""
@@ -139,20 +264,31 @@ class DihalBridge(HiddenStateBridge):
         generator: torch.Generator | None = None,
         stochastic: bool = False,
         sink: Tensor | None = None,
+        sampler: str | None = None,
     ) -> Tensor:
+        """As :meth:`HiddenStateBridge.sample`, with the update rule ``sampler`` (None: the
+        bridge's; ``stochastic`` asks for ``ancestral``). A sampler that adds noise draws its
+        seed from ``generator`` (seed 0 without one; :class:`PositionNoise`)."""
         steps = self._check_steps(steps)
+        step = SAMPLER_STEPS[self._sampler(sampler, stochastic)]
         c = self.standardize_cond(cond)
         self._check_sink(sink, c.shape[0])
+        noise = PositionNoise.from_generator(generator)
 
         def denoise(k: int, x_t: Tensor) -> Tensor:
             return self.denoise(x_t, torch.full(c.shape[:1], k / steps, device=c.device, dtype=c.dtype), c)
 
-        return self._output(self._reverse(c, steps, denoise, generator, stochastic, self._held(sink)), sink)
+        x0_hat = reverse_bridge(c, steps, denoise, step, self.sigma, lambda k: noise(k, 0, c), self._held(sink))
+        return self._output(x0_hat, sink)
 
-    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None) -> BridgeSampleCache:
+    def new_sample_cache(self, steps: int | None = None, sink: Tensor | None = None,
+                         generator: torch.Generator | None = None, sampler: str | None = None) -> BridgeSampleCache:
+        """The cache of :meth:`sample_step`: ``steps``, ``sink``, ``generator`` and ``sampler``
+        as in :meth:`sample`, so that the same arguments sample the same numbers."""
         if sink is not None:
             self._check_sink(sink, sink.shape[0])
-        return BridgeSampleCache(self._check_steps(steps), self.layers, self.max_len, sink)
+        return BridgeSampleCache(self._check_steps(steps), self.layers, self.max_len, sink,
+                                 sampler=self._sampler(sampler), noise=PositionNoise.from_generator(generator))
 
     @torch.no_grad()
     def sample_step(self, cond_new: Tensor, cache: BridgeSampleCache) -> Tensor:
@@ -178,7 +314,16 @@ class DihalBridge(HiddenStateBridge):
             return self.out_proj(self.final_norm(h)) + skip
 
         sink = cache.sink if start == 0 else None  # position 0 is in this call
-        return self._output(self._reverse(c, cache.steps, denoise, held=self._held(sink)), sink)
+        x0_hat = reverse_bridge(c, cache.steps, denoise, SAMPLER_STEPS[cache.sampler], self.sigma,
+                                lambda k: cache.noise(k, start, c), self._held(sink))
+        return self._output(x0_hat, sink)
+
+    def _sampler(self, sampler: str | None, stochastic: bool = False) -> str:
+        if stochastic:
+            if sampler not in (None, "ancestral"):
+                raise DihalError(f"stochastic sampling is the ancestral sampler, not {sampler!r}")
+            return "ancestral"
+        return self.sampler if sampler is None else check_sampler(sampler)
 
     def _check_steps(self, steps: int | None) -> int:
         steps = self.steps if steps is None else steps
@@ -199,37 +344,14 @@ class DihalBridge(HiddenStateBridge):
         states = self.destandardize_target(x0_hat)
         return states if sink is None else hold_sink(states, sink.to(states))
 
-    def _reverse(
-        self,
-        c: Tensor,
-        steps: int,
-        denoise: Callable[[int, Tensor], Tensor],
-        generator: torch.Generator | None = None,
-        stochastic: bool = False,
-        held: Tensor | None = None,
-    ) -> Tensor:
-        """The standardised x̂₀ of the last of ``steps`` posterior steps from x_1 = c;
-        ``denoise(k, x_t)`` is the denoiser's x̂₀ at t = k/steps. ``held`` (n, 1, width), the
-        standardised sink, stays at position 0 of x_t and x̂₀ throughout, as in training."""
-        hold = (lambda x: x) if held is None else (lambda x: hold_sink(x, held))
-        x_t = hold(c)  # x_1 = c: at t=1 the bridge sits exactly on the condition
-        for k in range(steps, 0, -1):
-            t, s = k / steps, (k - 1) / steps
-            x0_hat = hold(denoise(k, x_t))
-            x_t = x0_hat + (s / t) * (x_t - x0_hat)
-            if stochastic and s > 0:
-                noise = torch.randn(c.shape, generator=generator, device=c.device, dtype=c.dtype)
-                x_t = hold(x_t + self.sigma * math.sqrt(s * (t - s) / t) * noise)
-        return x0_hat
-
 
 class RegressorBridge(DihalBridge):
     """The non-diffusion control: DiHAL's network trained at t = 1 only, where x_1 = c exactly,
     and sampled in one step, x̂₀ = f(c, 1, c) (docs/method.md#bridge).
 
-    ``sigma`` and ``steps`` are DiHAL's diffusion options, accepted so that one suite's bridge
-    options build both bridges; a regressor has no noise and takes one step, so they are not
-    kept (``config`` omits them).
+    ``sigma``, ``steps`` and ``sampler`` are DiHAL's diffusion options, accepted so that one
+    suite's bridge options build both bridges; a regressor has no noise and takes one step from
+    t = 1 to 0, where every sampler returns x̂₀, so they are not kept (``config`` omits them).
     """
 
     def __init__(
@@ -242,12 +364,13 @@ class RegressorBridge(DihalBridge):
         max_len: int = 512,
         sigma: float | None = None,
         steps: int | None = None,
+        sampler: str | None = None,
     ):
         super().__init__(width, d_model=d_model, layers=layers, heads=heads, sigma=0.0, steps=1,
                          dropout=dropout, max_len=max_len)
 
     def config(self) -> dict:
-        return {key: value for key, value in super().config().items() if key not in ("sigma", "steps")}
+        return {key: value for key, value in super().config().items() if key not in ("sigma", "steps", "sampler")}
 
     def training_times(self, n: int, generator: torch.Generator, like: Tensor) -> Tensor:
         return torch.ones(n, device=like.device, dtype=like.dtype)
@@ -261,10 +384,13 @@ class RegressorBridge(DihalBridge):
 class BridgeSampleCache(SampleCache):
     """The DiHAL bridge's incremental-sampling state: per sampling step k (1..K) and block,
     the attention keys and values of the positions seen so far; per step, the time
-    embedding (computed on the first call, for the batch it fixes)."""
+    embedding (computed on the first call, for the batch it fixes); the update rule and the
+    position-keyed noise, fixed when the cache is made."""
 
-    def __init__(self, steps: int, layers: int, max_len: int, sink: Tensor | None = None):
+    def __init__(self, steps: int, layers: int, max_len: int, sink: Tensor | None = None, *,
+                 sampler: str = "mean", noise: PositionNoise | None = None):
         super().__init__(steps, sink)
+        self.sampler, self.noise = sampler, noise or PositionNoise(0)
         self.keys_values = {k: [KeyValues(max_len) for _ in range(layers)] for k in range(1, steps + 1)}
         self.time: dict[int, Tensor] | None = None
         self.batch: int | None = None
