@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
+from torch import Tensor
+from tqdm.auto import tqdm
 from dihal_builtin.baselines.common import CompactVocabulary
 from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
 from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
@@ -106,7 +109,7 @@ def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trai
     assert counts["embeddings"] == len(set(corpus.flatten().tolist())) * 8  # a row per token of the two sentences
     assert sum(counts.values()) == count_trainable(model.module())
     assert not any(p.requires_grad for p in llama_backbone.model.parameters())
-    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "clamp": True,
+    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "clamp": True, "clamp_final": True,
                                         "vocabulary_size": len(set(corpus.flatten().tolist()))}
 
 
@@ -139,6 +142,30 @@ def test_clamping_maps_to_the_nearest_embedding(trained):
     ids = torch.tensor([[3, 4, 7], [0, 3, 1]])  # compact ids: the two sentences hold 12 distinct tokens
     nudged = table[ids] + 0.01 * torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
     assert torch.equal(model.nearest_embedding(nudged), table[ids])
+
+
+def test_tokens_are_read_from_the_clamped_last_estimate(trained):
+    """As in the reference code, whose chain ends at t = 0 on the clamped x̂₀: with clamping the
+    last estimate is a row of Emb and the tokens are read from it; without ``clamp_final`` the
+    same chain (same draws) returns the raw estimate, whose row is the nearest one."""
+    model, _ = trained
+    table = model.parts["embeddings"].weight.detach()
+
+    def last_estimate(**change) -> Tensor:
+        original = model.settings
+        model.settings = dataclasses.replace(original, **change)
+        try:
+            with torch.no_grad(), tqdm(disable=True) as bar:
+                return model.final_estimate(3, 8, torch.Generator().manual_seed(5), bar)
+        finally:
+            model.settings = original
+
+    clamped, raw = last_estimate(), last_estimate(clamp_final=False)
+    assert (torch.cdist(clamped.reshape(-1, 8), table).min(-1).values < 1e-5).all()  # every vector is a row
+    assert not (torch.cdist(raw.reshape(-1, 8), table).min(-1).values < 1e-5).all()
+    torch.testing.assert_close(clamped, model.nearest_embedding(raw), rtol=0, atol=0)
+    samples = model.sample(3, 8, seed=5, batch_size=3)
+    assert torch.equal(samples, model.built().to_full(model.read_out(clamped)).cpu())
 
 
 def test_save_load_round_trip_gives_identical_samples(trained, llama_backbone, tmp_path):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import Tensor
 from dihal_builtin.baselines.common import CompactVocabulary, pca_embeddings
-from dihal_builtin.baselines.schedules import cosine_alpha_bar
+from dihal_builtin.baselines.schedules import cosine_alpha_bar, reverse_step
 from dihal_builtin.baselines.sed import SED, register_baselines
 
 from dihal_bench.budget import Budget
@@ -163,13 +165,65 @@ def test_training_self_conditions_with_the_given_probability(llama_backbone, cor
     assert len(calls) == 1 and not calls[0][0][..., 8:].any()
 
 
+def test_detached_readout_trains_the_readout_but_sends_no_gradient_into_the_denoiser(llama_backbone, corpus):
+    """Hypothesis (a) of issue 20: with ``detach_readout`` the cross-entropy's gradient reaches R
+    only, so x̂₀ is trained by the squared error alone; without it, the denoiser gets both."""
+    vocabulary = CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size)
+    batch = {"ids": vocabulary.to_compact(corpus[:4])}
+    gradients = {}
+    for detach in (False, True):
+        model = SED(llama_backbone, overfit_budget(), **TINY, self_condition=0.0, detach_readout=detach)
+        model.build(vocabulary)
+        terms = model.loss_terms(batch, torch.Generator().manual_seed(0))
+        denoiser = list(model.parts["denoiser"].parameters())
+        into_denoiser = torch.autograd.grad(terms["readout"], denoiser, allow_unused=True, retain_graph=True)
+        into_readout = torch.autograd.grad(terms["readout"], model.parts["readout"].weight)[0]
+        gradients[detach] = ([g for g in into_denoiser if g is not None], into_readout)
+        torch.testing.assert_close(model.loss(batch, torch.Generator().manual_seed(0)), sum(terms.values()))
+    assert not gradients[True][0]  # no path from the cross-entropy back to the denoiser
+    assert any(g.abs().sum() > 0 for g in gradients[False][0])
+    # the same x̂₀ either way (same init, same draws): R's gradient does not depend on the detach
+    torch.testing.assert_close(gradients[True][1], gradients[False][1])
+
+
+def test_clamping_moves_each_step_towards_the_nearest_fixed_row(trained):
+    """With ``clamp`` the first reverse step moves from x₁ towards the nearest row of E to x̂₀, not
+    towards x̂₀ itself: replayed by hand from the same generator draws."""
+    model, _ = trained
+    table = model.embeddings
+    ids = torch.tensor([[3, 4, 7], [0, 3, 1]])
+    nudged = table[ids] + 0.01 * torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.nearest_row(nudged), table[ids])
+
+    def second_input(clamp: bool) -> tuple[Tensor, Tensor]:
+        original = model.settings
+        model.settings = dataclasses.replace(original, clamp=clamp)
+        calls, handle = denoiser_calls(model)
+        try:
+            model.sample(2, 8, seed=0)
+        finally:
+            handle.remove()
+            model.settings = original
+        return calls[0][1], calls[1][0][..., :8]
+
+    generator = torch.Generator().manual_seed(0)
+    x_1, z = torch.randn(2, 8, 8, generator=generator), torch.randn(2, 8, 8, generator=generator)
+    alpha_t, alpha_s = cosine_alpha_bar(torch.tensor(1.0)), cosine_alpha_bar(torch.tensor(49 / 50))
+    for clamp in (True, False):
+        x0_hat, x_s = second_input(clamp)
+        target = model.nearest_row(x0_hat) if clamp else x0_hat
+        torch.testing.assert_close(x_s, reverse_step(x_1, target, alpha_t, alpha_s, 1.0, z))
+    assert not torch.equal(model.nearest_row(x0_hat), x0_hat)
+
+
 def test_parameter_counts_match_the_optimizer_and_the_backbone_stays_frozen(trained, llama_backbone):
     model, _ = trained
     counts = model.parameter_counts()
     assert counts["readout"] == 12 * 8  # a row per distinct token of the two sentences
     assert sum(counts.values()) == count_trainable(model.module())
     assert not any(p.requires_grad for p in llama_backbone.model.parameters())
-    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "self_condition": True, "vocabulary_size": 12}
+    assert model.sampling_options() == {"steps": 50, "eta": 1.0, "self_condition": True, "clamp": False,
+                                        "vocabulary_size": 12}
 
 
 def test_allowance_sizes_the_denoiser_over_the_compact_vocabulary(smollm2_sized_backbone):

@@ -37,6 +37,7 @@ class DiffusionLMOptions(DiffusionOptions):
     heads: int = 4
     dropout: float = 0.0
     clamp: bool = True  # the clamping trick
+    clamp_final: bool = True  # with clamp, tokens are read from the clamped last x̂₀, as the reference code does
     rounding_tokens: int = 64  # positions per step scored by the rounding cross-entropy
     anchor_share: float = 1 / 16  # probability that a training sequence draws t = 0, the anchor term
 
@@ -53,8 +54,9 @@ class DiffusionLM(DiffusionBaseline):
 
     each term a mean over positions (and dimensions for the squared errors); a bidirectional
     transformer denoiser with time conditioning and learned positions; the clamping trick
-    (x̂₀ replaced by its nearest embedding at every step) and argmax rounding of the final
-    x̂₀. All T positions are generated in parallel, unconditionally.
+    (x̂₀ replaced by its nearest embedding at every step, the last one included, as the
+    reference code's chain ends on the clamped x̂₀: ``clamp_final``) and argmax rounding of
+    that final x̂₀. All T positions are generated in parallel, unconditionally.
 
     Adapted: the table covers the compact vocabulary, the V tokens of the training sequences
     (``common.CompactVocabulary``), not all of the backbone's; d = 32 by default, inside the
@@ -101,7 +103,7 @@ class DiffusionLM(DiffusionBaseline):
             return {"denoiser": build(d_model).to(self.backbone.device), "embeddings": embeddings}
 
     def sampling_options(self) -> dict:
-        return {**super().sampling_options(), "clamp": self.settings.clamp}
+        return {**super().sampling_options(), "clamp": self.settings.clamp, "clamp_final": self.settings.clamp_final}
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
@@ -127,13 +129,27 @@ class DiffusionLM(DiffusionBaseline):
         table = self.parts["embeddings"].weight
         return table[best_scoring_rows(x, table, -0.5 * table.pow(2).sum(-1))]
 
-    def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+    def final_estimate(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+        """The x̂₀ (n, seq_len, d) of the last step of one reverse chain (see ``sample_batch``),
+        clamped to its nearest rows under ``clamp`` and ``clamp_final``.
+
+        Why the last one too: the reference code's chain ends at t = 0, where the DDPM posterior
+        mean is the (clamped) x̂₀ itself, and its tokens are read from that vector
+        (XiangLi1999/Diffusion-LM, improved-diffusion/scripts/text_sample.py); read from the
+        unclamped x̂₀ instead, the argmax of x̂₀·Embᵀ favours rows of large norm
+        (docs/baseline-diagnosis.md)."""
         denoiser = self.parts["denoiser"]
+        clamp = self.nearest_embedding if self.settings.clamp else None
         x0_hat = reverse_chain(lambda x_t, t, _previous: denoiser(x_t, t), (n, seq_len, self.settings.embed_dim),
-                               self.steps, sqrt_alpha_bar, self.settings.eta, generator, bar,
-                               clamp=self.nearest_embedding if self.settings.clamp else None)
-        # argmax_w p(w | x̂₀) over the tokens it may emit
+                               self.steps, sqrt_alpha_bar, self.settings.eta, generator, bar, clamp=clamp)
+        return clamp(x0_hat) if clamp is not None and self.settings.clamp_final else x0_hat
+
+    def read_out(self, x0_hat: Tensor) -> Tensor:
+        """Compact ids: argmax_w p(w | x̂₀) over the tokens it may emit."""
         return best_scoring_rows(x0_hat, self.parts["embeddings"].weight, banned=self.banned)
+
+    def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+        return self.read_out(self.final_estimate(n, seq_len, generator, bar))
 
 
 @hookimpl

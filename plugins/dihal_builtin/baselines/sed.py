@@ -40,6 +40,8 @@ class SEDOptions(DiffusionOptions):
     dropout: float = 0.0
     self_condition: float = 0.5  # probability of the self-conditioned pass in training; 0 turns it off
     rounding_tokens: int = 64  # positions per step scored by the readout cross-entropy
+    detach_readout: bool = False  # the readout cross-entropy reads x̂₀ under stop-gradient (trains R only)
+    clamp: bool = False  # Diffusion-LM's clamping trick at sampling: each step moves towards the nearest row of E
 
 
 class SED(DiffusionBaseline):
@@ -65,6 +67,10 @@ class SED(DiffusionBaseline):
     t (the paper: 1,000) with ancestral x̂₀-parameterised steps (η = 1); the readout
     cross-entropy is estimated on ``rounding_tokens`` positions per step; dropout 0; special
     tokens are never emitted.
+
+    Off by default, for the diagnosis of issue 20 (docs/baseline-diagnosis.md): ``detach_readout``
+    (the cross-entropy reads x̂₀ under stop-gradient, so x̂₀ is trained by the squared error
+    alone) and ``clamp`` (Diffusion-LM's clamping trick onto the fixed rows of E).
     """
 
     name = "sed"
@@ -101,13 +107,18 @@ class SED(DiffusionBaseline):
         return {"denoiser": denoiser, "readout": readout}
 
     def sampling_options(self) -> dict:
-        return {**super().sampling_options(), "self_condition": self.settings.self_condition > 0}
+        return {**super().sampling_options(), "self_condition": self.settings.self_condition > 0,
+                "clamp": self.settings.clamp}
 
     def denoise(self, x_t: Tensor, t: Tensor, previous: Tensor) -> Tensor:
         """x̂₀ from x_t and the previous estimate of x₀ (zeros when there is none)."""
         return self.parts["denoiser"](torch.cat([x_t, previous], dim=-1), t)
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
+        return sum(self.loss_terms(batch, generator).values())
+
+    def loss_terms(self, batch: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
+        """The x₀ squared error and the readout cross-entropy of one batch, whose sum is the loss."""
         ids = batch["ids"]
         x0 = self.embeddings[ids]
         t = torch.rand(ids.shape[0], generator=generator, device=x0.device)
@@ -120,15 +131,28 @@ class SED(DiffusionBaseline):
                 previous = self.denoise(x_t, t, previous)
         x0_hat = self.denoise(x_t, t, previous)
         squared_error = (x0_hat - x0).pow(2).mean()
-        readout = rounding_cross_entropy(x0_hat, ids, self.parts["readout"].weight, self.settings.rounding_tokens,
+        read = x0_hat.detach() if self.settings.detach_readout else x0_hat
+        readout = rounding_cross_entropy(read, ids, self.parts["readout"].weight, self.settings.rounding_tokens,
                                          generator)
-        return squared_error + readout
+        return {"squared_error": squared_error, "readout": readout}
+
+    def nearest_row(self, x: Tensor) -> Tensor:
+        """Each vector replaced by its L2-nearest row of the fixed table E; its rows all have norm
+        √d, so that is the row of largest x·e."""
+        return self.embeddings[best_scoring_rows(x, self.embeddings)]
+
+    def final_estimate(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
+        """The x̂₀ (n, seq_len, d) of the last step of one reverse chain (see ``sample_batch``)."""
+        return reverse_chain(self.denoise, (n, seq_len, self.settings.embed_dim), self.steps, cosine_alpha_bar,
+                             self.settings.eta, generator, bar, self_condition=self.settings.self_condition > 0,
+                             clamp=self.nearest_row if self.settings.clamp else None)
+
+    def read_out(self, x0_hat: Tensor) -> Tensor:
+        """Compact ids: argmax of R·x̂₀ over the tokens it may emit."""
+        return best_scoring_rows(x0_hat, self.parts["readout"].weight, banned=self.banned)
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        x0_hat = reverse_chain(self.denoise, (n, seq_len, self.settings.embed_dim), self.steps, cosine_alpha_bar,
-                               self.settings.eta, generator, bar, self_condition=self.settings.self_condition > 0)
-        # argmax of R·x̂₀ over the tokens it may emit
-        return best_scoring_rows(x0_hat, self.parts["readout"].weight, banned=self.banned)
+        return self.read_out(self.final_estimate(n, seq_len, generator, bar))
 
 
 @hookimpl
