@@ -150,6 +150,7 @@ class Run:
         """What can only be checked with the backbone and corpus loaded, before any job runs:
         explicit sweep layers exist, locate's tokens and dropped channels fit the validation split
         and the width, and the training split can feed every budget."""
+        self.corpus  # built first: a missing corpus path is refused before the models load
         locate = self.config.locate
         check_drop_top(locate.drop_top, self.backbone.width)
         windows = len(packed_split(self.backbone, self.corpus, "validation", locate.seq_len))

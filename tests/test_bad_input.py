@@ -218,6 +218,9 @@ CASES = {
     "locate: missing corpus path": refused(
         "locate", "--corpus", "missing/x.txt", "--out", "out/locate",
         says="Error: corpus path missing/x.txt does not exist"),
+    "run: missing corpus path": refused(
+        "run", "--suite", "smoke", "--corpus", "missing/x.txt", "--out", "out/runs", "--results", "out/results",
+        says="Error: corpus path missing/x.txt does not exist"),
     "bridge train: missing corpus path": refused(
         "bridge", "train", "--corpus", "missing/x.txt", "--layer", "3", "--out", "out/bridge",
         says="Error: corpus path missing/x.txt does not exist"),

@@ -275,7 +275,7 @@ def test_load_corpus_maps_each_accepted_form(tmp_path):
     with pytest.raises(DihalError, match="does not exist"):
         load_corpus(str(tmp_path / "missing.jsonl"))
     for unknown in ("wikipedia", "hf:", "hf::config"):  # the last two name no dataset
-        with pytest.raises(DihalError, match=rf"^unknown corpus '{unknown}'; known: files, hf-dataset, stdlib-docs; "
+        with pytest.raises(DihalError, match=rf"^unknown corpus '{unknown}'; known: files, hf-dataset, markov, stdlib-docs; "
                                              r"or a reference handled by .*hf:<dataset>\[:<config>\]"):
             load_corpus(unknown)
 

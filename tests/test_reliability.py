@@ -170,30 +170,3 @@ def test_a_raising_backbone_factory_is_one_line_naming_the_plugin_with_its_cause
     assert str(raised.value) == ("backbone 'broken-bb' from broken-plugin (not installed) failed: "
                                  "OSError: no weights here")
     assert isinstance(raised.value.__cause__, OSError)  # --debug shows the plugin's traceback
-
-
-def test_run_seals_the_record_it_wrote_with_the_job_results_it_cites(tmp_path, monkeypatch):
-    """`dihal-bench run` seals the runner's record (a no-op once the runner writes it sealed)."""
-    from dihal_bench import runner
-    from dihal_bench.records import VERIFIED, record_integrity
-
-    monkeypatch.chdir(tmp_path)
-    jobs = Path("runs/smoke/jobs")
-    (jobs / "samples-1").mkdir(parents=True)
-    (jobs / "samples-1" / "result.json").write_text('{"result": 1}')
-    written = {"format": "dihal-bench/run-record/v2", "jobs": str(jobs),
-               "per_seed": [{"methods": {"m": {"samples": {"path": "samples-1/samples.jsonl"}}}}]}
-
-    def fake_run_suite(name, config, *, out_root, results_dir, progress, executor):
-        path = Path(results_dir) / "r.json"
-        path.parent.mkdir(parents=True)
-        path.write_text(json.dumps(written))
-        return path
-
-    monkeypatch.setattr(runner, "run_suite", fake_run_suite)
-    result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--quiet"])
-    assert result.exit_code == 0, result.output
-    sealed = json.loads(Path("runs/results/r.json").read_text())
-    assert {k: v for k, v in sealed.items() if k != "integrity"} == written
-    assert list(sealed["integrity"]["artifacts"]) == ["samples-1/result.json"]
-    assert record_integrity(sealed, jobs) == record_integrity(sealed) and record_integrity(sealed).status == VERIFIED

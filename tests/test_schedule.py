@@ -27,7 +27,7 @@ def test_the_schedule_adds_the_longest_job_of_each_stage_and_spreads_the_rest(mo
     monkeypatch.setattr(plan, "unit_seconds", lambda unit, config, params: 7200.0 if unit.stage == "sweep" else 3600.0)
     units = plan.seed_units(config)
     per_stage = {group: sum(unit.stage in group for unit in units) for group in plan.PARALLEL_STAGES}
-    assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 12
+    assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 14  # 3 DiHAL, 2 controls, 2 references, 7 baselines
 
     text = plan.format_schedule("diagnostic", config, 4)
     rows = stage_rows(text)
