@@ -48,6 +48,9 @@ class Baseline(ABC):
     #: True for the method that is the intact backbone itself: latency ratios are taken to it
     #: (and lm-eval scores it as the plain backbone)
     intact_backbone: bool = False
+    #: True for a method whose every training step runs the whole backbone forward and backward
+    #: (the LoRA rivals): the dry run's cost estimate counts those passes
+    trains_through_backbone: bool = False
     #: the option that sets the number of diffusion sampling steps, which a suite fills from
     #: ``sampling.diffusion_steps`` (None: the method has no such steps)
     steps_option: str | None = None

@@ -195,7 +195,15 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
         return (f"bridgeability + {sampling.samples} samples + Gen.PPL",
                 eval_windows(sweep) * budget.seq_len * 3 + samples * 3, 0)
     if unit.stage == "baselines":
-        return f"up to {budget.steps} steps + {sampling.samples} samples", samples, budget.steps * budget.tokens_per_step
+        registration = get_registry().items["baseline"].get(unit.label)
+        method = None if registration is None else registration.obj
+        if method is not None and not method.in_budget:
+            return f"{sampling.samples} samples, nothing trained", samples, 0
+        trained = budget.steps * budget.tokens_per_step
+        if method is not None and method.trains_through_backbone:
+            # a forward and a backward pass of the whole backbone per step: about three forward passes
+            return f"{budget.steps} steps through the backbone + {sampling.samples} samples", samples + 3 * trained, 0
+        return f"up to {budget.steps} steps + {sampling.samples} samples", samples, trained
     if unit.stage == "metrics":
         return f"{sampling.samples} samples under the evaluator", samples * 2, 0
     repeats = config.metrics.latency_repeats

@@ -99,3 +99,15 @@ def test_a_streamed_suite_plans_no_extraction_and_counts_the_streaming_in_its_br
         budget.steps * budget.tokens_per_step // 2
     assert "streamed" in plan.format_plan("diagnostic", streamed)
     assert "stored bridge targets" in plan.format_plan("diagnostic", diagnostic)
+
+
+def test_the_plan_counts_what_each_baseline_trains():
+    _, config = resolve_suite("rivals")
+    budget = config.budget
+    tokens = budget["steps"] * budget["batch_size"] * budget["seq_len"]
+    costs = {unit.label: plan.unit_cost(unit, config) for unit in plan.seed_units(config) if unit.stage == "baselines"}
+    assert costs["ar-backbone"][0].endswith("nothing trained") and costs["ar-backbone"][2] == 0
+    for lora in ("ar-lora", "ar2diff-lora"):  # every step runs the backbone forward and backward
+        what, backbone_tokens, trained_tokens = costs[lora]
+        assert "through the backbone" in what and backbone_tokens >= 3 * tokens and trained_tokens == 0
+

@@ -166,6 +166,7 @@ class LoRABaseline(Baseline):
     """
 
     options_class: type[LoRAOptions] = LoRAOptions
+    trains_through_backbone = True
     token_sampling_options = ("temperature", "top_p")
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
