@@ -407,10 +407,10 @@ def test_a_geometry_only_record_gets_layer_and_proxy_tables_and_no_methods_table
 # --- metric columns come from the records' metrics mapping --------------------------------------
 
 
-def third_party_record(results: Path, name: str = "mine.json", **my_metric) -> None:
-    """A record whose runs had the (inline, now uninstalled) plugin metric ``my_metric``,
+def third_party_record(results: Path, name: str = "mine.json", seeds: tuple[int, int] = (0, 1), **my_metric) -> None:
+    """A record of two ``seeds`` whose runs had the (inline, now uninstalled) plugin metric ``my_metric``,
     lower is better, and ``undirected``, which has no better direction."""
-    entries = [seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in (0, 1)]
+    entries = [seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in seeds]
     for entry, value in zip(entries, (3.0, 5.0)):
         for method in entry["methods"].values():
             method["metrics"] |= {"my_metric": value, "my_metric_n": 7, "undirected": 1.5}
@@ -452,7 +452,7 @@ def test_records_that_disagree_on_a_direction_get_no_arrow(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     third_party_record(results, "a.json")
-    third_party_record(results, "b.json", higher_is_better=True)
+    third_party_record(results, "b.json", seeds=(2, 3), higher_is_better=True)
     out = tmp_path / "out"
     build(results, out, formats=("md",))
     markdown = re.sub(r" +", " ", (out / GROUP / "methods.md").read_text())
@@ -461,7 +461,7 @@ def test_records_that_disagree_on_a_direction_get_no_arrow(tmp_path):
 
 
 def test_a_v1_record_takes_its_metric_columns_from_the_registry(results, tmp_path):
-    v1 = record([seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    v1 = record([seed_entry(3, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
     del v1["metrics"]
     (results / "c.json").write_text(json.dumps({**v1, "format": RECORD_FORMAT_V1}))
     out = tmp_path / "out"
@@ -693,3 +693,15 @@ def test_group_folders_stay_inside_the_output_folder_and_apart(tmp_path):
              for folder in folders}
     assert found == set(map(float, range(len(names))))
     assert not (out / "diag-tiny-big_eval").exists()  # those three clash (case too): all get digests
+
+
+def test_a_seed_run_again_is_pooled_once_from_the_newer_record(results, tmp_path):
+    rerun = seed_entry(1, 99.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.6)  # seed 1 again, later
+    write_record(results, "c.json", [rerun], created="2026-12-02T00:00:00Z")
+    out = tmp_path / "out"
+    _, warnings = build(results, out)
+    assert warnings == ["seed 1 of a.json is also in the newer c.json: only the newer is pooled"]
+    dihal = pd.read_csv(out / GROUP / "methods.csv").set_index("method").loc["dihal-chosen"]
+    assert dihal["gen_ppl_n"] == 3  # seeds 0, 1, 2: three, not four
+    assert dihal["gen_ppl_mean"] == pytest.approx(np.mean([10.0, 99.0, 17.0]))
+

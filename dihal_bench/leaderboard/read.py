@@ -57,7 +57,8 @@ ROW_KINDS = ("methods", "layers", "proxies", "z")
 
 @dataclass
 class Group:
-    """The pooled (record, seed) pairs of one (suite, backbone, evaluator)."""
+    """The pooled (record, seed) pairs of one (suite, backbone, evaluator), each seed once
+    (:func:`newest_per_seed`)."""
 
     suite: str
     backbone: str
@@ -86,7 +87,7 @@ class Group:
 
     @property
     def seeds(self) -> int:
-        """How many (record, seed) pairs the group pools: the n of a value every pair has."""
+        """How many seeds the group pools (each once): the n of a value every seed has."""
         return sum(len(seeds) for seeds in self.sources.values())
 
     def add(self, record: dict, source: str) -> None:
@@ -136,7 +137,7 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     """
     if not results_dir.is_dir():
         raise DihalError(f"no run records in {results_dir}: the folder does not exist")
-    groups: dict[tuple[str, str, str], Group] = {}
+    loaded: dict[tuple[str, str, str], list[tuple[str, dict, Path, Integrity]]] = {}
     left_out: list[tuple[Path, str]] = []  # damaged records and why
     for path in sorted(results_dir.glob("*.json")):
         raw = _json_object(path)
@@ -153,14 +154,21 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
         record = load_record(path)
         try:
             key = tuple(_name(record[part], part) for part in ("suite", "backbone", "evaluator"))
-            group = groups.setdefault(key, Group(*key))
-            group.add(record, source)
-            if integrity.status == UNVERIFIED:
-                group.unverified.append(source)
-        except KeyError as exc:
-            raise DihalError(f"run record {path} is malformed: missing field {one_line(exc)}") from None
-        except (IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise DihalError(f"run record {path} is malformed ({type(exc).__name__}: {one_line(exc)})") from None
+            # read whole now: a malformed record is an error even where a newer one replaces its seeds
+            record_rows(record, source)
+        except MALFORMED as exc:
+            raise malformed(path, exc) from None
+        loaded.setdefault(key, []).append((source, record, path, integrity))
+    groups: dict[tuple[str, str, str], Group] = {}
+    for key, records in loaded.items():
+        for source, record, path, integrity in newest_per_seed(records, warn):
+            try:
+                group = groups.setdefault(key, Group(*key))
+                group.add(record, source)
+                if integrity.status == UNVERIFIED:
+                    group.unverified.append(source)
+            except MALFORMED as exc:
+                raise malformed(path, exc) from None
     if not groups and left_out:
         names = ", ".join(path.name for path, _ in left_out)
         raise DihalError(f"no intact run records in {results_dir}: {names} left out (edited or damaged)")
@@ -171,6 +179,39 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     ordered = [groups[key] for key in sorted(groups)]
     assign_folders(ordered)
     return ordered
+
+
+#: what reading a record that passed the schema but not our reading of it raises
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
+def malformed(path: Path, exc: Exception) -> DihalError:
+    if isinstance(exc, KeyError):
+        return DihalError(f"run record {path} is malformed: missing field {one_line(exc)}")
+    return DihalError(f"run record {path} is malformed ({type(exc).__name__}: {one_line(exc)})")
+
+
+def newest_per_seed(records: list[tuple[str, dict, Path, Integrity]],
+                    warn: Callable[[str], None]) -> list[tuple[str, dict, Path, Integrity]]:
+    """One group's records with each seed kept once, from the newest record that has it (by
+    ``created``): a seed run again (to add a metric, after a fix) replaces its older numbers
+    instead of counting twice. A record left with no seed is dropped; each dropped seed is named
+    in a warning. File-name order is kept for the rest."""
+    taken: dict[int, str] = {}  # seed -> the newer record that keeps it
+    kept: dict[str, tuple[str, dict, Path, Integrity]] = {}
+    for source, record, path, integrity in sorted(records, key=lambda item: str(item[1].get("created", "")),
+                                                  reverse=True):
+        entries = []
+        for entry in record["per_seed"]:
+            if entry["seed"] in taken:
+                warn(f"seed {entry['seed']} of {source} is also in the newer {taken[entry['seed']]}: "
+                     "only the newer is pooled")
+            else:
+                entries.append(entry)
+        taken.update({entry["seed"]: source for entry in entries})
+        if entries:
+            kept[source] = (source, {**record, "per_seed": entries}, path, integrity)
+    return [kept[source] for source, *_ in records if source in kept]
 
 
 def _integrity(raw: dict, path: Path, warn: Callable[[str], None]) -> Integrity:
