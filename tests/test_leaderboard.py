@@ -704,4 +704,8 @@ def test_a_seed_run_again_is_pooled_once_from_the_newer_record(results, tmp_path
     dihal = pd.read_csv(out / GROUP / "methods.csv").set_index("method").loc["dihal-chosen"]
     assert dihal["gen_ppl_n"] == 3  # seeds 0, 1, 2: three, not four
     assert dihal["gen_ppl_mean"] == pytest.approx(np.mean([10.0, 99.0, 17.0]))
+    # the same seed under another configuration (a --set variant) is another measurement: pooled
+    write_record(results, "d.json", [rerun], created="2026-12-03T00:00:00Z", config={"budget": {"steps": 2400}})
+    _, warnings = build(results, tmp_path / "again")
+    assert warnings == ["seed 1 of a.json is also in the newer c.json: only the newer is pooled"]
 

@@ -193,22 +193,23 @@ def malformed(path: Path, exc: Exception) -> DihalError:
 
 def newest_per_seed(records: list[tuple[str, dict, Path, Integrity]],
                     warn: Callable[[str], None]) -> list[tuple[str, dict, Path, Integrity]]:
-    """One group's records with each seed kept once, from the newest record that has it (by
-    ``created``): a seed run again (to add a metric, after a fix) replaces its older numbers
-    instead of counting twice. A record left with no seed is dropped; each dropped seed is named
-    in a warning. File-name order is kept for the rest."""
-    taken: dict[int, str] = {}  # seed -> the newer record that keeps it
+    """One group's records with each (configuration, seed) kept once, from the newest record that
+    has it (by ``created``): a seed run again under the same configuration (to add a metric, after
+    a fix) replaces its older numbers instead of counting twice. A record left with no seed is
+    dropped; each dropped seed is named in a warning. File-name order is kept for the rest."""
+    taken: dict[tuple[str, int], str] = {}  # (configuration, seed) -> the newer record that keeps it
     kept: dict[str, tuple[str, dict, Path, Integrity]] = {}
     for source, record, path, integrity in sorted(records, key=lambda item: str(item[1].get("created", "")),
                                                   reverse=True):
+        configuration = json.dumps(record.get("config"), sort_keys=True)
         entries = []
         for entry in record["per_seed"]:
-            if entry["seed"] in taken:
-                warn(f"seed {entry['seed']} of {source} is also in the newer {taken[entry['seed']]}: "
-                     "only the newer is pooled")
+            newer = taken.get((configuration, entry["seed"]))
+            if newer is not None:
+                warn(f"seed {entry['seed']} of {source} is also in the newer {newer}: only the newer is pooled")
             else:
                 entries.append(entry)
-        taken.update({entry["seed"]: source for entry in entries})
+        taken.update({(configuration, entry["seed"]): source for entry in entries})
         if entries:
             kept[source] = (source, {**record, "per_seed": entries}, path, integrity)
     return [kept[source] for source, *_ in records if source in kept]
