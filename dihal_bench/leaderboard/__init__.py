@@ -1,8 +1,9 @@
-"""Leaderboards: run records aggregated into tables and plots (DESIGN.md §4.6).
+"""Leaderboards: run records aggregated into tables and plots (docs/method.md#records-and-leaderboards).
 
-Records are grouped by (suite, backbone, evaluator), and every (record, seed) pair of a
-group is pooled: each table cell is the mean ± sample standard deviation (ddof=1) over the
-pairs that have the value, with n, the number of those pairs. A group gets three tables:
+Records are grouped by (suite, backbone, evaluator), and each (configuration, seed) of a group
+is pooled once, from its newest record: each table cell is the mean ± sample standard
+deviation (ddof=1) over the seeds that have the value, with n, the number of those seeds. A
+group gets three tables:
 
 - methods: one row per method (DiHAL at ℓ*, worst and oracle layers, the baselines and the
   backbone itself) with each metric the records declare (their ``metrics`` mapping gives the

@@ -1,5 +1,5 @@
 """A group's rows pooled into tables: each value's mean, sample standard deviation (ddof=1) and
-count over the (record, seed) pairs that have it, and the columns people see.
+count over the pooled seeds that have it, and the columns people see.
 
 The methods table takes its metric columns, their order, titles and arrows from the records'
 ``metrics`` mapping, so a metric a plugin adds is ranked like a built-in one, even where that
@@ -95,7 +95,7 @@ class Table:
     numbers: pd.DataFrame
     labels: dict[str, list[str]]
     columns: list[Column]
-    #: the pooled (record, seed) pairs: the n of a value every pair has
+    #: the pooled seeds: the n of a value every seed has
     seeds: int
 
 

@@ -1,5 +1,6 @@
-"""Run records in, flat rows out: every (record, seed) pair of a (suite, backbone, evaluator)
-group as one row per method, swept layer, proxy and locate layer.
+"""Run records in, flat rows out: every seed of a (suite, backbone, evaluator) group, each
+(configuration, seed) once from its newest record, as one row per method, swept layer, proxy and
+locate layer.
 
 `dihal_bench.records.load_record` checks each record against the v2 schema (and migrates a v1
 record); what is read here is what the schema leaves open: names that must be non-empty,
@@ -57,7 +58,7 @@ ROW_KINDS = ("methods", "layers", "proxies", "z")
 
 @dataclass
 class Group:
-    """The pooled (record, seed) pairs of one (suite, backbone, evaluator), each seed once
+    """The pooled seeds of one (suite, backbone, evaluator), each seed once
     (:func:`newest_per_seed`)."""
 
     suite: str

@@ -22,7 +22,7 @@ from dihal_bench.leaderboard.read import Group, one_line
 #: Output format -> file suffix.
 FORMAT_SUFFIXES = {"md": ".md", "csv": ".csv", "html": ".html", "latex": ".tex"}
 
-CELL_NOTE = "Each cell: mean ± sample standard deviation (ddof=1) over n pooled (record, seed) pairs."
+CELL_NOTE = "Each cell: mean ± sample standard deviation (ddof=1) over the n pooled seeds (each seed once, from its newest record)."
 
 
 # --- names as data --------------------------------------------------------------------------
