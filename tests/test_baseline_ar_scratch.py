@@ -76,7 +76,7 @@ def test_loss_is_the_mean_next_token_cross_entropy_by_hand(llama_backbone, windo
             probs.scatter_(-1, ids[..., None], target_probability.expand(2, 8, 1))
             return probs.log()
 
-    model.lm = StandIn()
+    model.parts["decoder"] = StandIn()
     loss = model.loss({"ids": ids}, torch.Generator().manual_seed(0))
     assert loss.item() == pytest.approx((math.log(2) + math.log(4)) / 2, rel=1e-6)
     assert torch.equal(seen[0], ids[:, :-1])

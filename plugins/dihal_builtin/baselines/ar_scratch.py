@@ -4,9 +4,7 @@ vs not" (docs/rivals.md#ar-scratch)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,14 +13,18 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import CONFIG_FILE, Baseline
 from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling, sample_next_token, special_ids
-from dihal_bench.training import TrainResult
+from dihal_bench.sampling import check_sampling, sample_next_token
 
 from ..layers import Block
-from .common import CompactVocabulary, parse_options, seeded_init, width_for_allowance
+from .common import (
+    CompactVocabulary,
+    CompactVocabularyBaseline,
+    parse_options,
+    seeded_init,
+    width_for_allowance,
+)
 
 #: std of the token and position embeddings at initialisation (GPT-2's); the output layer is tied to them
 EMBEDDING_STD = 0.02
@@ -97,7 +99,7 @@ def _attend_all(q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
     return F.scaled_dot_product_attention(*split).transpose(1, 2).reshape(n, q.shape[1], d_model)
 
 
-class ARScratch(Baseline):
+class ARScratch(CompactVocabularyBaseline):
     """A small GPT-style causal transformer trained from scratch with next-token cross-entropy on
     the compact vocabulary, the V tokens of the training sequences (``common.CompactVocabulary``).
 
@@ -114,8 +116,6 @@ class ARScratch(Baseline):
     name = "ar-scratch"
     paper = "a causal transformer from scratch at the allowance (control, docs/rivals.md)"
     token_sampling_options = ("temperature", "top_p")
-    vocabulary: CompactVocabulary | None = None
-    trained: bool = False
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
@@ -129,14 +129,8 @@ class ARScratch(Baseline):
         self.max_len = opts.max_len or budget.seq_len
 
     # -- the network over the vocabulary ------------------------------------------------------
-    def build(self, vocabulary: CompactVocabulary) -> None:
+    def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
         """The network over ``vocabulary``, sized to the allowance and initialised from the seed."""
-        if vocabulary.full_size != self.backbone.vocab_size:
-            raise DihalError(f"{self.name}: a vocabulary of a {vocabulary.full_size:,}-token backbone, not of "
-                             f"{self.backbone.name}'s {self.backbone.vocab_size:,} tokens")
-        banned = vocabulary.positions(special_ids(self.backbone.tokenizer))
-        if len(banned) == len(vocabulary):
-            raise DihalError(f"{self.name}: the training sequences hold only special tokens; there is no text to learn")
         opts = self.settings
 
         def network(d_model: int) -> CausalLM:
@@ -144,64 +138,26 @@ class ARScratch(Baseline):
 
         d_model = opts.d_model or width_for_allowance(self.name, self.budget, network, opts.heads)
         with seeded_init(self.seed):
-            self.lm = network(d_model).to(self.backbone.device)
-        self.vocabulary, self.banned, self.trained = vocabulary, banned, False
+            return {"decoder": network(d_model).to(self.backbone.device)}
 
-    def built(self) -> CompactVocabulary:
-        if self.vocabulary is None:
-            raise DihalError(f"{self.name}: not built yet; its tables cover the tokens of its training "
-                             f"sequences, so fit it or load a checkpoint first")
-        return self.vocabulary
-
-    def components(self) -> dict[str, nn.Module]:
-        self.built()
-        return {"decoder": self.lm}
+    @property
+    def lm(self) -> CausalLM:
+        return self.parts["decoder"]
 
     def sampling_options(self) -> dict:
         return {"temperature": self.settings.temperature, "top_p": self.settings.top_p, "kv_cache": True,
                 "vocabulary_size": len(self.built())}
 
-    def config(self) -> dict:
-        return {**super().config(), "vocabulary": self.built().to_dict()}
-
-    def restore(self, saved: dict, directory: Path) -> None:
-        self.build(CompactVocabulary.from_dict(saved.get("vocabulary"), str(Path(directory) / CONFIG_FILE)))
-
     # -- training -----------------------------------------------------------------------------
-    def training_data(self, sequences: Tensor) -> dict[str, Tensor]:
-        return {"ids": self.built().to_compact(sequences)}
-
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         """Mean next-token cross-entropy over the T tokens of each window."""
         ids = batch["ids"]
         logits = self.lm(ids[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
 
-    def fit(self, sequences: Tensor, checkpoint_dir: Path | None = None, progress: bool = True) -> TrainResult:
-        if self.vocabulary is None:
-            self.build(CompactVocabulary.from_sequences(sequences, self.backbone.vocab_size))
-        result = super().fit(sequences, checkpoint_dir, progress)
-        self.trained = True
-        return result
-
-    def load(self, directory: Path) -> None:
-        super().load(directory)
-        self.trained = True
-
     # -- sampling -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
-        if not self.trained:
-            raise DihalError(f"{self.name}: not trained; train it (fit) or load a checkpoint before sampling")
-        if seq_len > self.max_len:
-            raise DihalError(f"{self.name}: cannot sample {seq_len} tokens, it has positions for {self.max_len}")
-        self.lm.eval()
-        generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
-        batches = math.ceil(n / batch_size)
-        with tqdm(total=batches * seq_len, desc=self.name, disable=not progress, leave=False) as bar:
-            samples = [self.sample_batch(min(batch_size, n - start), seq_len, generator, bar)
-                       for start in range(0, n, batch_size)]
-        return self.built().to_full(torch.cat(samples)).cpu()
+    def calls_per_batch(self, seq_len: int) -> int:
+        return seq_len  # one cached step per token
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         """Compact ids (n, seq_len), one position per cached forward step."""

@@ -187,48 +187,26 @@ class DiffusionOptions:
     eta: float = 1.0  # 1: ancestral (DDPM) steps; 0: deterministic DDIM
 
 
-class DiffusionBaseline(Baseline):
-    """A baseline that generates through a reverse diffusion chain of ``steps`` denoiser calls.
+class CompactVocabularyBaseline(Baseline):
+    """A baseline whose tables cover a :class:`CompactVocabulary`, known only from the training
+    sequences, so its modules are built once that is known (:meth:`build`): by :meth:`fit` from
+    the sequences it is given, by :meth:`load` from the vocabulary saved in the checkpoint's
+    config, or by a caller that builds it explicitly. Until then it has no components.
 
-    Its tables cover a :class:`CompactVocabulary`, known only from the training sequences, so
-    its modules are built once that is known (:meth:`build`): by :meth:`fit` from the sequences
-    it is given, by :meth:`load` from the vocabulary saved in the checkpoint's config, or by a
-    caller that builds it explicitly. Until then it has no components.
-
-    Subclasses name their options dataclass, a DiffusionOptions, in ``options_class``, check their
-    options in ``__init__``, build their trained modules in ``build_modules`` and implement
-    ``sample_batch`` over compact ids; this class parses the options into ``settings``, supplies
-    the training data (the compact token ids; a subclass that reads backbone features overrides
-    it), the trained-or-loaded guard and the batched, seeded sampling loop, whose samples it
-    maps back to backbone ids.
+    Subclasses set ``settings`` and ``max_len`` in ``__init__``, build their trained modules in
+    ``build_modules`` and implement ``sample_batch`` over compact ids; this class supplies the
+    training data (the compact token ids; a subclass that reads backbone features overrides it),
+    the trained-or-loaded guard and the batched, seeded sampling loop, whose samples it maps back
+    to backbone ids.
     """
 
-    options_class: type[DiffusionOptions]
-    settings: DiffusionOptions
     trained: bool = False
-    steps_option = "steps"
     vocabulary: CompactVocabulary | None = None
+    max_len: int  # the learned token positions
     #: the trained modules by role, once built
     parts: nn.ModuleDict
     #: compact ids of the tokenizer's special tokens: never emitted
     banned: list[int]
-
-    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
-        super().__init__(backbone, budget, seed, **options)
-        self.settings = parse_options(self.name, self.options_class, options)
-        self.max_len = self.settings.max_len or budget.seq_len  # the learned token positions
-        self.steps = self.settings.steps
-
-    def check_ranges(self, at_least_one: tuple[str, ...], probabilities: tuple[str, ...] = ()) -> None:
-        """A DihalError unless the options named in ``at_least_one`` are at least 1, ``eta`` is
-        non-negative and the options named in ``probabilities`` lie in [0, 1]."""
-        opts = self.settings
-        if (any(getattr(opts, name) < 1 for name in at_least_one) or opts.eta < 0
-                or any(not 0 <= getattr(opts, name) <= 1 for name in probabilities)):
-            rule = f"{_listed(at_least_one)} must be at least 1, eta non-negative"
-            if probabilities:
-                rule += f" and {_listed(probabilities)} a probability"
-            raise DihalError(f"{self.name}: {rule}")
 
     # -- the modules over the vocabulary ----------------------------------------------------
     def build(self, vocabulary: CompactVocabulary) -> None:
@@ -259,10 +237,6 @@ class DiffusionBaseline(Baseline):
     def components(self) -> dict[str, nn.Module]:
         self.built()
         return dict(self.parts)
-
-    def sampling_options(self) -> dict:
-        """Steps, eta and the vocabulary size; subclasses add their own."""
-        return {"steps": self.steps, "eta": self.settings.eta, "vocabulary_size": len(self.built())}
 
     def config(self) -> dict:
         return {**super().config(), "vocabulary": self.built().to_dict()}
@@ -299,15 +273,59 @@ class DiffusionBaseline(Baseline):
         self.module().eval()
         generator = torch.Generator(device=self.backbone.device).manual_seed(seed)
         batches = math.ceil(n / batch_size)
-        with tqdm(total=batches * self.steps, desc=self.name, disable=not progress, leave=False) as bar:
+        with tqdm(total=batches * self.calls_per_batch(seq_len), desc=self.name, disable=not progress,
+                  leave=False) as bar:
             samples = [self.sample_batch(min(batch_size, n - start), seq_len, generator, bar)
                        for start in range(0, n, batch_size)]
         return self.built().to_full(torch.cat(samples)).cpu()
 
     @abstractmethod
+    def calls_per_batch(self, seq_len: int) -> int:
+        """How many network calls one ``sample_batch`` of ``seq_len`` tokens makes (the bar's steps)."""
+
+    @abstractmethod
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
-        """Compact token ids (n, seq_len), none of them ``banned``, from one reverse chain of
-        ``self.steps`` denoiser calls, each followed by ``bar.update(1)``."""
+        """Compact token ids (n, seq_len), none of them ``banned``, each network call followed by
+        ``bar.update(1)``."""
+
+
+class DiffusionBaseline(CompactVocabularyBaseline):
+    """A baseline that generates through a reverse diffusion chain of ``steps`` denoiser calls
+    over a compact vocabulary (:class:`CompactVocabularyBaseline`).
+
+    Subclasses name their options dataclass, a DiffusionOptions, in ``options_class``, check their
+    options in ``__init__``, build their trained modules in ``build_modules`` and implement
+    ``sample_batch``, one reverse chain of ``self.steps`` denoiser calls; this class parses the
+    options into ``settings``.
+    """
+
+    options_class: type[DiffusionOptions]
+    settings: DiffusionOptions
+    steps_option = "steps"
+
+    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
+        super().__init__(backbone, budget, seed, **options)
+        self.settings = parse_options(self.name, self.options_class, options)
+        self.max_len = self.settings.max_len or budget.seq_len
+        self.steps = self.settings.steps
+
+    def check_ranges(self, at_least_one: tuple[str, ...], probabilities: tuple[str, ...] = ()) -> None:
+        """A DihalError unless the options named in ``at_least_one`` are at least 1, ``eta`` is
+        non-negative and the options named in ``probabilities`` lie in [0, 1]."""
+        opts = self.settings
+        if (any(getattr(opts, name) < 1 for name in at_least_one) or opts.eta < 0
+                or any(not 0 <= getattr(opts, name) <= 1 for name in probabilities)):
+            rule = f"{_listed(at_least_one)} must be at least 1, eta non-negative"
+            if probabilities:
+                rule += f" and {_listed(probabilities)} a probability"
+            raise DihalError(f"{self.name}: {rule}")
+
+    def sampling_options(self) -> dict:
+        """Steps, eta and the vocabulary size; subclasses add their own."""
+        return {"steps": self.steps, "eta": self.settings.eta, "vocabulary_size": len(self.built())}
+
+    def calls_per_batch(self, seq_len: int) -> int:
+        return self.steps
 
 
 # -- the denoiser and its width --------------------------------------------------------------
