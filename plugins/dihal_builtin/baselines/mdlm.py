@@ -34,6 +34,10 @@ TRAIN_T_MIN = 1e-3
 SAMPLE_T_MIN = 1e-5
 #: std of the token and position embeddings at initialisation (GPT-2's); the output layer is tied to them
 EMBEDDING_STD = 0.02
+#: the rotary embedding's base: pair j of a head turns by position · ROTARY_BASE^(−2j/head_dim) (Su et al. 2021)
+ROTARY_BASE = 10_000.0
+#: how the denoiser knows where a token is: rotating queries and keys (the paper's DiT) or learned absolute vectors
+POSITIONS = ("rotary", "learned")
 
 #: x_t (n, L) compact ids, the mask id among them -> log p_θ(x₀ | x_t) (n, L, V), SUBS applied
 LogProbs = Callable[[Tensor], Tensor]
@@ -47,34 +51,81 @@ class MDLMOptions(DiffusionOptions):
     layers: int = 4
     heads: int = 4
     dropout: float = 0.0
+    positions: str = "rotary"  # one of POSITIONS; "learned" is the port before issue 20's diagnosis
     temperature: float = 1.0  # applied to p_θ(x₀ | x_t) where a position is unmasked; 0 is greedy
     top_p: float = 1.0  # nucleus of p_θ(x₀ | x_t)
+
+
+def rotation(length: int, head_dim: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin (length, head_dim) of the rotary embedding: position p turns the pair of
+    coordinates (j, j + head_dim/2) by the angle p · ROTARY_BASE^(−2j/head_dim)."""
+    frequencies = ROTARY_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * frequencies[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., length, head_dim) with each position's coordinate pairs turned by its angles: the
+    dot product of a rotated query and key then depends on their positions only through the offset."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+class RotaryBlock(Block):
+    """A bidirectional pre-LN ``Block`` (the same parameters) whose attention rotates queries and
+    keys by position (Su et al. 2021, arXiv 2104.09864), as the paper's DiT does."""
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        n, length, d_model = h.shape
+        heads = [x.reshape(n, length, self.heads, d_model // self.heads).transpose(1, 2)
+                 for x in self.qkv(self.attn_norm(h)).split(d_model, dim=-1)]
+        q, k, v = rotate(heads[0], cos, sin), rotate(heads[1], cos, sin), heads[2]
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        h = h + self.resid_dropout(self.attn_out(attended.transpose(1, 2).reshape(n, length, d_model)))
+        return h + self.mlp(self.mlp_norm(h))
 
 
 class MaskedDenoiser(nn.Module):
     """x_t (n, L) of ids 0..V, V the mask, -> logits (n, L, V) of x₀ over the V tokens.
 
-    Bidirectional pre-LN blocks over token plus learned position embeddings, a final LayerNorm,
-    and an output layer tied to the token embeddings. The mask has an input row but no output
-    row: its logit is −∞, the first half of SUBS. Not conditioned on t: the paper found time
-    conditioning unnecessary with SUBS, and it is what lets the sampler reuse an output while
-    x_t stands still.
+    Bidirectional pre-LN blocks over token embeddings, with rotary positions (``positions =
+    "rotary"``, the paper's) or learned absolute position vectors added to the input
+    (``"learned"``), a final LayerNorm, and an output layer tied to the token embeddings. The mask
+    has an input row but no output row: its logit is −∞, the first half of SUBS. Not conditioned
+    on t: the paper found time conditioning unnecessary with SUBS, and it is what lets the sampler
+    reuse an output while x_t stands still.
+
+    Why rotary matters here: a masked position's own input is the mask, the same vector at every
+    position, so everything it predicts comes through attention to its neighbours; with rotary
+    positions "attend to the next token" is one relative pattern, with learned absolute vectors
+    it must be learned for each position separately (docs/baseline-diagnosis.md#mdlm).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float):
+    def __init__(self, vocab_size: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float,
+                 positions: str = "rotary"):
         super().__init__()
-        self.vocab_size = vocab_size
+        self.vocab_size, self.heads, self.rotary = vocab_size, heads, positions == "rotary"
         self.token = nn.Embedding(vocab_size + 1, d_model)
-        self.position = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.token.weight, std=EMBEDDING_STD)
-        nn.init.normal_(self.position.weight, std=EMBEDDING_STD)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
+        if self.rotary:
+            self.blocks = nn.ModuleList(RotaryBlock(d_model, heads, dropout, causal=False) for _ in range(layers))
+        else:
+            self.position = nn.Embedding(max_len, d_model)
+            nn.init.normal_(self.position.weight, std=EMBEDDING_STD)
+            self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model)
 
     def forward(self, x_t: Tensor) -> Tensor:
-        h = self.token(x_t) + self.position(torch.arange(x_t.shape[1], device=x_t.device))
-        for block in self.blocks:
-            h = block(h)
+        h = self.token(x_t)
+        if self.rotary:
+            cos, sin = rotation(x_t.shape[1], h.shape[-1] // self.heads, x_t.device)
+            for block in self.blocks:
+                h = block(h, cos, sin)
+        else:
+            h = h + self.position(torch.arange(x_t.shape[1], device=x_t.device))
+            for block in self.blocks:
+                h = block(h)
         return F.linear(self.final_norm(h), self.token.weight[: self.vocab_size])
 
 
@@ -199,9 +250,13 @@ class MDLM(DiffusionBaseline):
     noise-removal step (a position still masked takes its argmax); categorical draws in float64
     (float32 Gumbel noise lowers the effective temperature; Zheng et al. 2024, arXiv 2409.02908).
 
+    Kept too: rotary positions (the paper's DiT), the default since issue 20's diagnosis; with
+    learned absolute positions (``positions = "learned"``, the port before) the denoiser learned
+    nothing of the known-answer chain in the matched budget (docs/baseline-diagnosis.md#mdlm).
+
     Adapted: the denoiser is small (4 bidirectional pre-LN layers, d_model sized to the allowance,
-    the paper: a 12-layer DiT of width 768 with rotary positions and adaLN), with learned
-    absolute positions, GELU MLPs and the output layer tied to the token embeddings (an untied
+    the paper: a 12-layer DiT of width 768 with adaLN), with GELU MLPs and the output layer tied
+    to the token embeddings (an untied
     V × d output would take ~40% of P at V = 6,252); its vocabulary is the compact one, the V
     tokens of the training sequences (``common.CompactVocabulary``), plus the mask; dropout 0
     (the paper: 0.1); the run's steps and lr are the matched budget's (the paper: 10⁶ steps of
@@ -226,8 +281,13 @@ class MDLM(DiffusionBaseline):
         if opts.eta != 1.0:
             raise DihalError(f"{self.name}: eta has no meaning for masked diffusion (its sampler is ancestral); "
                              f"leave it at 1")
-        if opts.d_model is not None and (opts.d_model < 1 or opts.d_model % opts.heads):
-            raise DihalError(f"{self.name}: d_model must be a positive multiple of heads {opts.heads}, "
+        if opts.positions not in POSITIONS:
+            raise DihalError(f"{self.name}: positions must be one of {', '.join(POSITIONS)}, got {opts.positions!r}")
+        # rotary turns coordinate pairs, so each head needs an even width
+        multiple = 2 * opts.heads if opts.positions == "rotary" else opts.heads
+        if opts.d_model is not None and (opts.d_model < 1 or opts.d_model % multiple):
+            raise DihalError(f"{self.name}: d_model must be a positive multiple of {multiple} (heads {opts.heads}"
+                             f"{', an even width each, for rotary positions' if multiple > opts.heads else ''}), "
                              f"got {opts.d_model}")
         check_sampling(opts.temperature, opts.top_p)
 
@@ -235,7 +295,8 @@ class MDLM(DiffusionBaseline):
         opts = self.settings
 
         def build(d_model: int) -> MaskedDenoiser:
-            return MaskedDenoiser(len(vocabulary), d_model, opts.layers, opts.heads, self.max_len, opts.dropout)
+            return MaskedDenoiser(len(vocabulary), d_model, opts.layers, opts.heads, self.max_len, opts.dropout,
+                                  opts.positions)
 
         d_model = opts.d_model or width_for_allowance(self.name, self.budget, build, opts.heads)
         with seeded_init(self.seed):
