@@ -8,6 +8,7 @@ import base64
 import copy
 import csv
 import html
+import itertools
 import json
 import math
 import re
@@ -149,7 +150,18 @@ def test_mean_std_pool_the_seeds_of_all_records(results, tmp_path):
     rho = np.array([r for *_, r in POOLED])
     assert proxies.loc["curvature", "spearman_mean"] == pytest.approx(np.mean(rho))
     assert proxies.loc["curvature", "spearman_std"] == pytest.approx(np.std(rho, ddof=1))
-    assert proxies.loc["score", "spearman_high_mean"] == pytest.approx(np.mean([0.6, 0.8, 1.0]))
+    # one pooled permutation p, not a mean of per-seed p-values: per seed, ρ of S(ℓ) with −MSE is
+    # 0.5, 0.5 and 1 (layer 2's MSE 0.4, 0.6, 0.9 against 1.0 and 0.8); the null permutes each
+    # seed's three layers apart, 6³ orderings counted here
+    per_ordering = [1.0, 0.5, 0.5, -0.5, -0.5, -1.0]  # ρ of the 3! orderings of 3 layers
+    null = [np.mean(draw) for draw in itertools.product(per_ordering, repeat=3)]
+    exact = np.mean([abs(v) >= 2 / 3 - 1e-12 for v in null])
+    pooled = proxies.loc["score", "spearman_p_mean"]
+    assert abs(pooled - exact) <= 4 * math.sqrt(exact * (1 - exact) / 10_000) + 1e-4  # Monte-Carlo, 10⁴ draws
+    assert proxies.loc["score", "spearman_p_n"] == 3 and math.isnan(proxies.loc["score", "spearman_p_std"])
+    # two tests in the family (score's and curvature's ρ, the same ranking): Holm doubles both
+    assert proxies.loc["curvature", "spearman_p_holm_mean"] == pytest.approx(min(1.0, 2 * pooled))
+    assert "spearman_high_mean" not in proxies.columns and "spearman_low_mean" not in proxies.columns
 
     markdown = (out / GROUP / "methods.md").read_text()
     assert markdown.splitlines()[0] == "Built from 2 run records (3 seeds): a.json (seeds 0, 1); b.json (seed 2)."
@@ -380,13 +392,45 @@ def test_valid_sample_counts_and_a_metrics_interval_become_method_columns(tmp_pa
     out = tmp_path / "out"
     build(results, out, formats=("csv", "md"))
     methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
-    assert methods.loc["dihal-chosen", "mauve_low_mean"] == pytest.approx(0.25)
-    assert methods.loc["dihal-chosen", "mauve_high_mean"] == pytest.approx(0.55)
+    # each seed's own interval, side by side: averaged bounds would be no interval at all
+    assert methods.loc["dihal-chosen", "mauve_intervals"] == "s0 0.20–0.40; s1 0.30–0.70"
+    assert "mauve_low_mean" not in methods.columns
     assert methods.loc["dihal-chosen", "valid_samples_mean"] == pytest.approx(110)
     assert methods.loc["ar-backbone", "valid_samples_n"] == 0  # its metrics report no count
     markdown = re.sub(r" +", " ", (out / GROUP / "methods.md").read_text())
-    assert "MAUVE 95% CI (mean bounds)" in markdown and "[0.25, 0.55]" in markdown
+    assert "MAUVE 95% CI per seed" in markdown and "s0 0.20–0.40; s1 0.30–0.70" in markdown
+    assert "MAUVE (closeness to the corpus) ↑" in markdown
     assert "Valid samples" in markdown
+
+
+def test_partial_rho_is_tested_pooled_over_seeds_with_its_power_statement(tmp_path):
+    from dihal_bench.stats import Stratum, stratified_rank_test
+
+    results = tmp_path / "results"
+    results.mkdir()
+    layers = [1, 2, 3, 4, 5, 6]
+    mse = {0: [0.1, 0.3, 0.2, 0.5, 0.4, 0.6], 1: [0.2, 0.1, 0.4, 0.3, 0.6, 0.5]}
+    entries = []
+    for seed in (0, 1):
+        entry = seed_entry(seed, 10.0, 2, dict(zip(layers, mse[seed])), 0.5)
+        entry["locate"].update(layers=layers, score=[0.5, 2.0, 1.0, 3.0, -1.0, 0.0])
+        entry["locate"]["proxies"]["curvature"].update(values=[6.0, 1.0, 4.0, 3.0, 2.0, 5.0], z=[0.0] * 6)
+        entries.append(entry)
+    write_record(results, "six.json", entries)
+    out = tmp_path / "out"
+    build(results, out, formats=("csv",))
+    proxies = pd.read_csv(out / GROUP / "proxies.csv").set_index("proxy")
+    strata = [Stratum([0.5, 2.0, 1.0, 3.0, -1.0, 0.0], [-v for v in mse[seed]], layers) for seed in (0, 1)]
+    expected = stratified_rank_test(strata, n_perm=10_000, seed=0)
+    row = proxies.loc["score"]
+    assert row["partial_p_mean"] == pytest.approx(expected["p"])
+    assert row["partial_detectable_mean"] == pytest.approx(expected["critical_rho"])
+    assert row["residual_share_y_mean"] == pytest.approx(expected["residual_share_y"])
+    # four tests (ρ and partial ρ of two rows): each Holm p is at least its raw one, at most 4×
+    for proxy in ("score", "curvature"):
+        for key in ("spearman_p", "partial_p"):
+            raw, adjusted = proxies.loc[proxy, f"{key}_mean"], proxies.loc[proxy, f"{key}_holm_mean"]
+            assert raw <= adjusted <= min(1.0, 4 * raw) + 1e-12
 
 
 def test_a_geometry_only_record_gets_layer_and_proxy_tables_and_no_methods_table(tmp_path):
@@ -430,7 +474,7 @@ def test_a_third_party_metric_gets_its_column_and_arrow_in_every_format(tmp_path
     markdown = (out / GROUP / "methods.md").read_text()
     header = next(line for line in markdown.splitlines() if line.startswith("| Method"))
     assert "| My metric ↓ |" in re.sub(r" +", " ", header) and "| Undirected |" in re.sub(r" +", " ", header)
-    assert header.index("MAUVE ↑") < header.index("My metric ↓") < header.index("Undirected")  # the mapping's order
+    assert header.index("MAUVE (closeness to the corpus) ↑") < header.index("My metric ↓") < header.index("Undirected")  # the mapping's order
     assert "| My metric samples |" in re.sub(r" +", " ", header)  # from my_metric_n
 
     methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")

@@ -4,6 +4,7 @@ hand-made texts (rank correlations: test_stats.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -533,6 +534,28 @@ def test_evaluator_metrics_run_the_evaluator_once_on_the_same_valid_samples(regi
         assert (result["n_valid"], result["n_invalid"]) == (12, 3)
     np.testing.assert_allclose(mauve_q[0], expected.features, rtol=1e-4, atol=1e-5)
     assert mauve["n"] == 12 and 0.0 <= mauve["mauve"] <= 1.0
+
+
+def test_gen_ppl_records_each_samples_nll_and_tokens_and_they_rebuild_it(registered, model, monkeypatch):
+    evaluator = OnePassEvaluator(model, make_tokenizer(with_bos=True))
+    monkeypatch.setattr(builtin, "_last_pass", LastResult())
+    generations = random_texts(12, 16)
+    samples = sample_set(generations[:3] + ["", "the the the cat"] + generations[3:], evaluator.tokenizer)
+    ctx = MetricContext(evaluator=evaluator, references=[], seed=0, min_valid=16)
+    result = registered["gen_ppl"][0](samples, ctx)
+
+    nll, tokens = result["nll_per_sample"], result["tokens_per_sample"]
+    assert len(nll) == len(tokens) == 18
+    assert nll[3] is None and nll[4] is None  # empty and degenerate: invalid, left out of Gen.PPL
+    assert all(value is not None for i, value in enumerate(nll) if i not in (3, 4))
+    valid = [i for i in range(18) if nll[i] is not None]
+    assert sum(tokens[i] for i in valid) == result["tokens"]
+    # the lists are the numbers Gen.PPL was computed from: they give it back to float64 rounding
+    assert result["gen_ppl"] == pytest.approx(math.exp(sum(nll[i] for i in valid) / result["tokens"]), rel=1e-12)
+    expected = evaluate_texts(evaluator, generations)
+    np.testing.assert_allclose([nll[i] for i in valid], expected.nll_sums, rtol=1e-5)  # float32 padding, as above
+    json.dumps(result)  # plain JSON values, as a record stores them
+    assert "nll_per_sample" not in registered["gen_ppl_sample_mean"][0](samples, ctx)
 
 
 def test_too_few_valid_samples_flag_the_method_instead_of_averaging(registered, evaluator):

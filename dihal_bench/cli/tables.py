@@ -1,4 +1,4 @@
-"""Publishing: ``dihal-bench leaderboard`` and ``dihal-bench lm-eval``."""
+"""Publishing: ``dihal-bench leaderboard``, ``dihal-bench claims`` and ``dihal-bench lm-eval``."""
 
 from __future__ import annotations
 
@@ -34,6 +34,29 @@ def leaderboard(results_dir, formats, out_dir):
     paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
                                warn=lambda message: click.echo(f"Warning: {message}", err=True))
     click.echo(f"wrote {len(paths)} files to {out_dir}")
+
+
+@cli.command()
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default="results", show_default=True,
+              help="Run records to read (pooled as the leaderboard pools them).")
+@click.option("--readme", type=click.Path(dir_okay=False, exists=True),
+              help="Write the table into this file between its <!-- claims:start --> and <!-- claims:end --> markers "
+                   "instead of printing it.")
+def claims(results_dir, readme):
+    """The paper's claims as a Markdown table: measurement, decision rule, interval and verdict from
+    the run records (rules: docs/method.md#claims-and-decision-rules)."""
+    from dihal_bench.leaderboard.claims import claims_markdown, embed
+    from dihal_bench.records import write_bytes_atomic
+
+    if not Path(results_dir).is_dir():
+        raise DihalError(f"no run records: {results_dir!r} is not a folder")
+    table = claims_markdown(Path(results_dir), warn=lambda message: click.echo(f"Warning: {message}", err=True))
+    if readme is None:
+        click.echo(table)
+        return
+    text = Path(readme).read_text(encoding="utf-8")
+    write_bytes_atomic(Path(readme), embed(text, table).encode("utf-8"))
+    click.echo(f"wrote the claims table into {readme}")
 
 
 def _check_model_args(model_args: str, trust_unverified: bool) -> None:

@@ -8,12 +8,14 @@ plugin is not installed when the tables are built.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pandas as pd
 
-from dihal_bench.leaderboard.read import CORRELATION_KEYS, Group
+from dihal_bench.leaderboard.read import CORRELATION_SETS, Group, rank_series
+from dihal_bench.stats import Stratum, holm, stratified_rank_test
 
 METHODS_NOTE = (
     "Latency is wall-clock per generated token at batch 1, and its ratio to the backbone's own "
@@ -24,8 +26,10 @@ METHODS_NOTE = (
     "text drawn rather than generated (reference-unigram: i.i.d. tokens from the training "
     "split's unigram distribution, a floor; reference-human: held-out validation windows, a "
     "ceiling). control-regressor is DiHAL's bridge network trained to map h_0 to h_ℓ* in one "
-    "step, without diffusion. What each metric measures, and which direction is better: the "
-    "metrics table."
+    "step, without diffusion. MAUVE measures closeness to the corpus's held-out text, not "
+    "fluency: at a few hundred samples its per-seed bootstrap "
+    "intervals overlap for most rows, and no claim rests on it alone. What each metric measures, "
+    "and which direction is better: the metrics table."
 )
 METRICS_NOTE = (
     "The metrics of the methods table, as the run records describe them (from each metric's "
@@ -42,15 +46,24 @@ LAYERS_NOTE = (
 PROXIES_NOTE = (
     "Spearman ρ and Kendall τ of each proxy (signed so that higher is better), of S(ℓ) and of "
     "S(ℓ) under other preprocessings (score[…]) with −(bridge validation MSE) over the swept "
-    "layers: the mean ± std over seeds of the per-seed point estimates. `depth` is the reference "
-    "ranking \"shallower is better\": a proxy says something about bridgeability only where it "
-    "beats depth, which the partial ρ given depth measures (rank correlation with the layer index "
-    "held fixed). p: two-sided permutation p-values (exact up to 8 layers), averaged over seeds. "
-    "The 95% intervals are the means over seeds of each seed's bootstrap percentile bounds "
-    "(resampling layers), not an interval of the pooled estimate. Rows marked · trace-metric MSE "
-    "use the bridge error in the metric of trace preprocessing, where dimensions weigh as they "
-    "do for the proxies."
+    "layers: mean ± std over seeds of the per-seed estimates. `depth` is the reference ranking "
+    "\"shallower is better\": a proxy says something about bridgeability only where it beats depth, "
+    "which the partial ρ given depth measures (rank correlation with the layer index held fixed). "
+    "p (pooled): one two-sided permutation test over all seeds, permuting within each seed "
+    "(for the partial ρ, the error's rank residuals given depth, Freedman–Lane), of the mean ρ "
+    "over seeds; p-values and intervals are never averaged over seeds. Holm: the pooled p adjusted "
+    "for every test of this table (each row's ρ and partial ρ), family-wise error ≤ 0.05 where it is "
+    "≤ 0.05. Power: |ρ| detectable is the 95% point of the pooled partial ρ's permutation null, the "
+    "smallest |partial ρ| these layers and seeds could call significant at α = 0.05 (before Holm); "
+    "residual share is how much of the rank variance depth leaves to the series and to the error "
+    "(mean over seeds): with a few per cent left, a partial ρ has almost nothing to rank. Rows "
+    "marked · trace-metric MSE use the bridge error in the metric of trace preprocessing, where "
+    "dimensions weigh as they do for the proxies. Per-seed bootstrap intervals over layers are in "
+    "the records; they are not shown, since a dozen designed layers are no sample to resample."
 )
+#: permutations per pooled rank test, and their seed: fixed, so that the tables are reproducible
+RANK_TEST_PERMUTATIONS = 10_000
+RANK_TEST_SEED = 0
 
 #: Sweep row key -> layer table header.
 SWEEP_HEADERS = {
@@ -131,9 +144,9 @@ def method_table(group: Group) -> Table:
     ranked = [name for name, metric in metrics.items() if metric["higher_is_better"] is not None][:RANKED_METRICS]
     columns = [
         Column("name", "Method", "text"), Column("budget", "Budget", "text"),
-        *(Column(name, f"{metric['display_name']}{arrow(metric['higher_is_better'])}", main=name in ranked,
+        *(Column(name, f"{metric_header(name, metric)}{arrow(metric['higher_is_better'])}", main=name in ranked,
                  description=metric["description"]) for name, metric in metrics.items()),
-        *(Column(name, f"{metrics[name]['display_name']} 95% CI (mean bounds)", "interval", main=False)
+        *(Column(f"{name}_intervals", f"{metrics[name]['display_name']} 95% CI per seed", "text", main=False)
           for name in bounded),
         *([Column("valid_samples", "Valid samples", "count")] if "valid_samples" in frame else []),
         Column("latency_ms_per_token", "ms/token, batch 1"),
@@ -146,13 +159,34 @@ def method_table(group: Group) -> Table:
         *(Column(key, " ".join(key.split("/")[1:]), main=False) for key in lm_eval),
     ]
     numeric = [column.key for column in columns if column.kind not in ("text", "interval")]
-    stats = summarise(frame, "method", [*numeric, *(f"{name}_{bound}" for name in bounded for bound in ("low", "high"))])
+    stats = summarise(frame, "method", numeric)
     per_method = frame.groupby("method", sort=False)
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
-              "budget": [budget_label(rows) for _, rows in per_method]}
-    numbers = stats.reset_index().assign(**labels)[["method", "name", "budget", *stats.columns]]
+              "budget": [budget_label(rows) for _, rows in per_method],
+              **{f"{name}_intervals": [seed_intervals(rows, name) for _, rows in per_method] for name in bounded}}
+    numbers = stats.reset_index().assign(**labels)[["method", *labels, *stats.columns]]
     note = " ".join([METHODS_NOTE, *metric_notes(group)])
     return Table("methods", "Methods", note, numbers, labels, columns, group.seeds)
+
+
+#: Metrics whose value says how close the samples are to the corpus's held-out text, not how good
+#: they are as language: their column says so (docs/method.md#claims-and-decision-rules).
+CORPUS_CLOSENESS = {"mauve"}
+
+
+def metric_header(name: str, metric: dict) -> str:
+    if name in CORPUS_CLOSENESS:
+        return f"{metric['display_name']} (closeness to the corpus)"
+    return metric["display_name"]
+
+
+def seed_intervals(rows: pd.DataFrame, metric: str) -> str:
+    """Each seed's own interval of a metric (``s0 0.12–0.39; s1 …``): intervals of different
+    seeds are shown side by side, never averaged into bounds that belong to no interval."""
+    cells = [f"s{int(row['seed'])} {row[f'{metric}_low']:.2f}–{row[f'{metric}_high']:.2f}"
+             for _, row in rows.sort_values("seed").iterrows()
+             if math.isfinite(row[f"{metric}_low"]) and math.isfinite(row[f"{metric}_high"])]
+    return "; ".join(cells) or "—"
 
 
 def budget_label(rows: pd.DataFrame) -> str:
@@ -226,20 +260,70 @@ def layer_table(group: Group) -> Table:
 
 
 def proxy_table(group: Group) -> Table:
-    keys = [*CORRELATION_KEYS, "swept_layers"]
+    keys = ["spearman", "kendall", "partial_spearman_given_depth", "swept_layers"]
     frame = pd.DataFrame(group.rows["proxies"], columns=["record", "seed", "proxy", *keys])
     stats = summarise(frame, "proxy", keys)
+    tests = pooled_rank_tests(group, list(stats.index))
+    numbers = stats.reset_index()
+    for key in POOLED_KEYS:
+        numbers[f"{key}_mean"] = [tests[proxy].get(key, math.nan) for proxy in stats.index]
+        numbers[f"{key}_std"] = math.nan  # one pooled value, no spread over seeds
+        numbers[f"{key}_n"] = [tests[proxy].get("seeds", 0) if key in tests[proxy] else 0 for proxy in stats.index]
     labels = {"proxy": ["score (combined S(ℓ))" if proxy == "score" else proxy for proxy in stats.index]}
     columns = [Column("proxy", "Proxy", "text"),
-               Column("spearman", "Spearman ρ"), Column("spearman", "ρ 95% CI (mean bounds)", "interval"),
-               Column("spearman_p", "ρ p"),
+               Column("spearman", "Spearman ρ"), Column("spearman_p", "ρ p (pooled)"),
+               Column("spearman_p_holm", "ρ p Holm"),
                Column("partial_spearman_given_depth", "partial ρ given depth"),
-               Column("kendall", "Kendall τ", main=False), Column("kendall", "τ 95% CI (mean bounds)", "interval",
-                                                                  main=False),
-               Column("kendall_p", "τ p", main=False),
+               Column("partial_p", "partial p (pooled)"), Column("partial_p_holm", "partial p Holm"),
+               Column("partial_detectable", "partial |ρ| detectable, α = 0.05"),
+               Column("residual_share_x", "residual share, series", main=False),
+               Column("residual_share_y", "residual share, error", main=False),
+               Column("kendall", "Kendall τ", main=False),
                Column("swept_layers", "Swept layers", "count")]
     note = " ".join([PROXIES_NOTE, *group.notes])
-    return Table("proxies", "Proxies", note, stats.reset_index(), labels, columns, group.seeds)
+    return Table("proxies", "Proxies", note, numbers, labels, columns, group.seeds)
+
+
+#: What `pooled_rank_tests` gives each proxy row, as columns of the proxies table.
+POOLED_KEYS = ("spearman_p", "spearman_p_holm", "partial_p", "partial_p_holm", "partial_detectable",
+               "residual_share_x", "residual_share_y")
+
+
+def pooled_rank_tests(group: Group, proxies: list[str]) -> dict[str, dict]:
+    """Per proxy row (``name`` + a `CORRELATION_SETS` suffix): the pooled permutation p of ρ and of
+    the partial ρ given depth, over the group's seeds that have the series, Holm-adjusted over every
+    p of the table, with the power statement (`dihal_bench.stats.stratified_rank_test`)."""
+    per_seed = [series for series in (rank_series(entry) for _, entry in group.entries) if series is not None]
+    tests: dict[str, dict] = {}
+    for proxy in proxies:
+        name, target = split_proxy_row(proxy)
+        strata = [(s.series[name], s.targets[target], s.layers) for s in per_seed
+                  if name in s.series and target in s.targets and all(map(math.isfinite, s.series[name]))]
+        tests[proxy] = rank_tests(strata, partial=name != "depth") if strata else {}
+    order = [(proxy, key) for proxy in proxies for key in ("spearman_p", "partial_p") if tests[proxy].get(key) is not None]
+    for (proxy, key), adjusted in zip(order, holm([tests[proxy][key] for proxy, key in order])):
+        tests[proxy][f"{key}_holm"] = adjusted
+    return tests
+
+
+def rank_tests(strata: list[tuple[list[float], list[float], list[int]]], *, partial: bool) -> dict:
+    """The pooled tests of one proxy row over its seeds' (series, −error, layers)."""
+    options = {"n_perm": RANK_TEST_PERMUTATIONS, "seed": RANK_TEST_SEED}
+    plain = stratified_rank_test([Stratum(x, y) for x, y, _ in strata], **options)
+    result = {"seeds": len(strata), "spearman_p": plain["p"]}
+    if partial and all(len(layers) >= 4 for _, _, layers in strata):
+        given = stratified_rank_test([Stratum(x, y, layers) for x, y, layers in strata], **options)
+        result |= {"partial_p": given["p"], "partial_detectable": given["critical_rho"],
+                   "residual_share_x": given["residual_share_x"], "residual_share_y": given["residual_share_y"]}
+    return {key: value for key, value in result.items() if value is not None}
+
+
+def split_proxy_row(proxy: str) -> tuple[str, str]:
+    """A proxies-table row name as (series name, target suffix)."""
+    for suffix in sorted(CORRELATION_SETS.values(), key=len, reverse=True):
+        if suffix and proxy.endswith(suffix):
+            return proxy[:-len(suffix)], suffix
+    return proxy, ""
 
 
 def tables(group: Group) -> list[Table]:

@@ -81,6 +81,9 @@ class Group:
     folder: str = ""  # set by `assign_folders` once every group is known
     #: the record files among ``sources`` that carry no seal (written before records were sealed)
     unverified: list[str] = field(default_factory=list)
+    #: every pooled seed's own entry of its record (``per_seed[i]``) and the record's file name, in
+    #: pooling order: what tests over seeds (rank tests, paired bootstraps, claims) read
+    entries: list[tuple[str, dict]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -99,6 +102,7 @@ class Group:
         for kind, new in rows.items():
             self.rows[kind] += new
         self._add_metrics(record["metrics"], source)
+        self.entries += [(source, entry) for entry in record["per_seed"]]
         for entry in record["per_seed"]:
             for name, method in entry["methods"].items():
                 for metric in record["metrics"]:
@@ -293,6 +297,45 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
                 elif not suffix:  # {"warning": why there are none}, said once
                     notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
     return rows, seeds, notes
+
+
+@dataclass(frozen=True)
+class RankSeries:
+    """One seed's swept layers as rank tests read them: each series (S(ℓ), each proxy signed so
+    that higher is better, each other preprocessing's S(ℓ), ``depth`` = −ℓ) and each bridge-error
+    target negated (key: the proxy-row suffix of `CORRELATION_SETS`), over the swept layers that
+    locate scored, shallowest first. The same series `dihal_bench.sweep.layer_correlations` builds."""
+
+    layers: list[int]
+    series: dict[str, list[float]]
+    targets: dict[str, list[float]]
+
+
+def rank_series(entry: dict) -> RankSeries | None:
+    """The seed's rank series, or None where fewer than 3 swept layers were scored or a target
+    value is missing (a record from before the trace-metric error has no such target)."""
+    located = entry["locate"]
+    index = {_integer(layer, "locate layer"): i for i, layer in enumerate(located["layers"])}
+    swept = sorted((row for row in entry["sweep"]["layers"] if row["layer"] in index), key=lambda row: row["layer"])
+    if len(swept) < 3:
+        return None
+    layers = [_integer(row["layer"], "sweep layer") for row in swept]
+    at = [index[layer] for layer in layers]
+    series = {"score": [_number(located["score"][i]) for i in at]}
+    for name, proxy in located["proxies"].items():
+        sign = 1.0 if proxy["higher_is_better"] else -1.0
+        series[name] = [sign * _number(proxy["values"][i]) for i in at]
+    series["depth"] = [-float(layer) for layer in layers]
+    for name, variant in (located.get("variants") or {}).items():
+        if name != located["preprocessing"]:
+            series[f"score[{name}]"] = [_number(variant["score"][i]) for i in at]
+    targets = {}
+    for suffix, key in ((CORRELATION_SETS["correlations"], "bridge_mse"),
+                        (CORRELATION_SETS["correlations_trace"], "bridge_mse_trace")):
+        values = [-_number(row.get(key)) for row in swept]
+        if all(math.isfinite(value) for value in values):
+            targets[suffix] = values
+    return RankSeries(layers, series, targets)
 
 
 def method_values(method: dict, metrics: list[str]) -> dict:

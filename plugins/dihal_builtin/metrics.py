@@ -44,7 +44,7 @@ DIVERSITY_NS = (2, 3, 4)
 #: MAUVE's bootstrap interval covers this central share of the resampled values.
 MAUVE_CI_LEVEL = 0.95
 
-MetricResult = dict[str, float | int | str | None]
+MetricResult = dict[str, float | int | str | list | None]
 
 
 # --- the metrics as plain functions -------------------------------------------------------
@@ -315,12 +315,15 @@ def _flag_if_too_few(rows: list[int], reasons: list[str | None], ctx: MetricCont
             f"under min_valid={ctx.min_valid}{why}")
 
 
-def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], float]) -> Callable:
+def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], float], *,
+                       per_sample: bool = False) -> Callable:
     def metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
         evaluation = _evaluator_pass(samples, ctx, name)
         rows, reasons = _validity(samples, evaluation)
         result: MetricResult = {name: None, **_validity_counts(rows, samples),
                                 "tokens": int(evaluation.counts[rows].sum())}
+        if per_sample:
+            result |= _per_sample(evaluation, reasons)
         flag = _flag_if_too_few(rows, reasons, ctx)
         if flag:
             result["warning"] = flag
@@ -329,6 +332,15 @@ def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], 
         return result
 
     return metric
+
+
+def _per_sample(evaluation: EvaluatorPass, reasons: list[str | None]) -> MetricResult:
+    """Each sample's summed NLL (None where invalid: Gen.PPL leaves it out) and scored token count,
+    in sample order, so that a difference of Gen.PPLs can be bootstrapped over samples, paired by
+    index (`dihal_bench.stats.paired_log_ppl_difference`). Recorded even when the method is flagged."""
+    return {"nll_per_sample": [None if reason is not None else float(nll)
+                               for nll, reason in zip(evaluation.nll_sums, reasons)],
+            "tokens_per_sample": [int(count) for count in evaluation.counts]}
 
 
 def _entropy_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
@@ -387,7 +399,7 @@ def _mauve_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
 def register_metrics(register):
     register(
         "gen_ppl",
-        _perplexity_metric("gen_ppl", gen_ppl),
+        _perplexity_metric("gen_ppl", gen_ppl, per_sample=True),
         description="generative perplexity under the evaluator, corpus level: exp(sum NLL / sum tokens) (MDLM)",
         higher_is_better=False,
         display_name="Gen.PPL",

@@ -1,0 +1,302 @@
+"""The paper's claims, each measured on the run records and decided by a rule written down before
+the numbers (docs/method.md#claims-and-decision-rules): ``dihal-bench claims``, whose Markdown the
+README embeds between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
+
+Records are read and pooled as the leaderboard reads them (`read.read_groups`: each (configuration,
+seed) once, from its newest record). Every verdict is one of `VERDICTS` and cites its rule and its
+interval; a claim whose records lack the data (per-sample NLLs in records made before they were
+kept) is "not tested", never given a number the records do not hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dihal_bench.errors import DihalError
+from dihal_bench.leaderboard.read import Group, rank_series, read_groups
+from dihal_bench.leaderboard.render import markdown_text
+from dihal_bench.stats import (
+    SampleNLL,
+    Stratum,
+    paired_log_ppl_difference,
+    spearman_versus,
+    stratified_rank_test,
+)
+
+START_MARKER = "<!-- claims:start -->"
+END_MARKER = "<!-- claims:end -->"
+#: the paper's Spearman ρ of S(ℓ) with bridgeability (Llama-3.1-8B; 0.93 on Qwen3-8B): the lower one
+PAPER_RHO = 0.91
+#: every test and interval of the table is at this level (two-sided 95%)
+ALPHA = 0.05
+#: how much worse than the oracle layer ℓ* may be on Gen.PPL and still be "competitive" (a ratio)
+ORACLE_MARGIN = 1.10
+#: fixed draws, so that the table is the same on every machine and run
+N_PERM, N_BOOT, SEED = 10_000, 2_000, 0
+REPRODUCED, NOT_REPRODUCED, NOT_SHOWN, NOT_TESTED = "reproduced", "not reproduced", "not shown", "not tested"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, NOT_SHOWN, NOT_TESTED)
+NO_NLL = "not tested: the records keep no per-sample NLLs (records from before they were kept), so no interval"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of the claims table: the paper's claim, what the records measure, the rule, the
+    interval (or test) the rule reads, and the verdict."""
+
+    claim: str
+    measurement: str
+    rule: str
+    interval: str
+    verdict: str
+
+
+def claims_markdown(results_dir: Path, warn: Callable[[str], None] = print) -> str:
+    """The claims table of the run records in ``results_dir``, as Markdown (no trailing newline)."""
+    return render(evaluate(read_groups(Path(results_dir), warn)))
+
+
+def evaluate(groups: list[Group]) -> list[Claim]:
+    """Every claim each group's records can speak to: the geometry claim where a group has a sweep,
+    the method claims where DiHAL at ℓ* has a Gen.PPL on every seed."""
+    rows: list[Claim] = []
+    for group in groups:
+        rows += [correlation_claim(group)] if any(rank_series(e) for _, e in group.entries) else []
+    for group in groups:
+        if has_gen_ppl(group):
+            rows += [baselines_claim(group), oracle_claim(group), regressor_claim(group), latency_claim(group)]
+    return rows
+
+
+def has_gen_ppl(group: Group) -> bool:
+    """Whether every pooled seed scored DiHAL at ℓ* with Gen.PPL: the method claims are about text
+    under an evaluator (a known-answer suite on a synthetic language has none)."""
+    return bool(group.entries) and all(
+        isinstance(((entry["methods"].get("dihal-chosen") or {}).get("metrics") or {}).get("gen_ppl"), (int, float))
+        for _, entry in group.entries)
+
+
+def render(rows: list[Claim]) -> str:
+    header = ["claim of the paper", "measured here (pooled seeds)", "decision rule", "interval / test", "verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in (row.claim, row.measurement, row.rule, row.interval,
+                                                               f"**{row.verdict}**")) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def cell(text: str) -> str:
+    """A table cell of our own text: one line, and a pipe that cannot end the cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# --- the geometry claim --------------------------------------------------------------------------
+
+
+def correlation_claim(group: Group) -> Claim:
+    """S(ℓ) ranks layers by bridgeability with ρ ≈ 0.91: pooled permutation test against 0, Fisher-z
+    test against the paper's value, and the depth control with its power."""
+    per_seed = [s for s in (rank_series(entry) for _, entry in group.entries) if s is not None and "" in s.targets]
+    claim = f"S(ℓ) correlates with bridge quality, Spearman ρ ≈ {PAPER_RHO}"
+    rule = (f"reproduced iff ρ > 0 at pooled p ≤ {ALPHA} and ρ is not significantly below {PAPER_RHO}; not "
+            f"reproduced iff H₀: ρ = {PAPER_RHO} is rejected below (one-sided p ≤ {ALPHA}); else not shown")
+    untestable = untestable_series(per_seed)
+    if untestable:
+        return Claim(claim, f"{name(group)}: {untestable}", rule, "none", NOT_TESTED)
+    rhos = [stratified_rank_test([Stratum(s.series["score"], s.targets[""])])["rho"] for s in per_seed]
+    pooled = stratified_rank_test([Stratum(s.series["score"], s.targets[""]) for s in per_seed],
+                                  n_perm=N_PERM, seed=SEED)
+    depth = stratified_rank_test([Stratum(s.series["depth"], s.targets[""]) for s in per_seed],
+                                 n_perm=N_PERM, seed=SEED)
+    partial = stratified_rank_test([Stratum(s.series["score"], s.targets[""], s.layers) for s in per_seed],
+                                   n_perm=N_PERM, seed=SEED)
+    versus = spearman_versus(rhos, [len(s.layers) for s in per_seed], PAPER_RHO, level=1 - ALPHA)
+    layers = sorted({len(s.layers) for s in per_seed})
+    measurement = (
+        f"{name(group)}: Spearman ρ of S(ℓ) with −(bridge MSE) over {'/'.join(map(str, layers))} swept layers "
+        f"= {fmt(pooled['rho'])} (seeds {seeds(group)}: {' / '.join(fmt(r) for r in rhos)}), pooled permutation "
+        f"p = {p_text(pooled['p'])}; depth alone ρ = {fmt(depth['rho'])}. {beyond_depth(partial)}")
+    interval = (f"95% CI of ρ [{fmt(versus['low'])}, {fmt(versus['high'])}] (Fisher z, Bonett–Wright variance, "
+                f"seeds pooled); H₀: ρ = {PAPER_RHO}: z = {versus['z']:.2f}, p = {p_text(versus['p_below'])}")
+    if versus["p_below"] <= ALPHA:
+        verdict = NOT_REPRODUCED
+    elif pooled["p"] <= ALPHA and pooled["rho"] > 0:
+        verdict = REPRODUCED
+    else:
+        verdict = NOT_SHOWN
+    return Claim(claim, measurement, rule, interval, verdict)
+
+
+def beyond_depth(partial: dict) -> str:
+    """The partial ρ given depth with its power statement, or why there is none."""
+    if partial["rho"] is None:
+        return ("Beyond depth: no partial ρ, S(ℓ) or the error ranks the layers exactly as depth does "
+                f"(depth leaves {100 * partial['residual_share_y']:.1f}% of the error's rank variance)")
+    return (f"Beyond depth: partial ρ = {fmt(partial['rho'])}, p = {p_text(partial['p'])}, where depth leaves "
+            f"{100 * partial['residual_share_y']:.1f}% of the error's rank variance and only |partial ρ| ≥ "
+            f"{fmt(partial['critical_rho'])} could be detected at α = {ALPHA}")
+
+
+def untestable_series(per_seed: list) -> str | None:
+    """Why the seeds' sweeps cannot carry the geometry tests, or None: each needs at least 4 swept
+    layers (a partial ρ given depth, and Fisher's z), and a score and an error that vary beyond depth."""
+    if not per_seed:
+        return "no seed has a sweep with its bridge MSE"
+    if min(len(s.layers) for s in per_seed) < 4:
+        return f"{min(len(s.layers) for s in per_seed)} swept layers; the tests need at least 4 per seed"
+    series = [Stratum(s.series["score"], s.targets[""], s.layers) for s in per_seed]
+    if not all(math.isfinite(v) for stratum in series for v in stratum.x):
+        return "S(ℓ) is missing at a swept layer"
+    if stratified_rank_test([Stratum(st.x, st.y) for st in series], n_perm=1)["rho"] is None:
+        return "S(ℓ) or the bridge error is constant over the swept layers: nothing to rank"
+    return None
+
+
+# --- the method claims ---------------------------------------------------------------------------
+
+
+def baselines_claim(group: Group) -> Claim:
+    """DiHAL at ℓ* has a lower Gen.PPL than every matched-budget baseline."""
+    rivals = [method for method, row in first_methods(group).items() if row["kind"] == "baseline" and row["in_budget"]]
+    ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, 'dihal-chosen', rival)}" for rival in rivals)
+    measurement = f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's (seeds {seeds(group)}): {ratios}"
+    rule = (f"reproduced iff, for every matched baseline, the paired {100 * (1 - ALPHA):.0f}% interval of "
+            "log Gen.PPL(DiHAL) − log Gen.PPL(baseline) lies below 0; not reproduced iff one lies above 0; "
+            "else not shown")
+    intervals = {rival: paired(group, "dihal-chosen", rival) for rival in rivals}
+    if not rivals:
+        return Claim(CLAIM_BASELINES, measurement, rule, "no matched baseline in the records", NOT_TESTED)
+    if any(result is None for result in intervals.values()):
+        return Claim(CLAIM_BASELINES, measurement, rule, NO_NLL, NOT_TESTED)
+    interval = "; ".join(f"{markdown_text(rival)} {ratio_interval(result)}" for rival, result in intervals.items())
+    if any(result["low"] > 0 for result in intervals.values()):
+        verdict = NOT_REPRODUCED
+    elif all(result["high"] < 0 for result in intervals.values()):
+        verdict = REPRODUCED
+    else:
+        verdict = NOT_SHOWN
+    return Claim(CLAIM_BASELINES, measurement, rule, interval, verdict)
+
+
+CLAIM_BASELINES = "under a matched budget DiHAL at ℓ\\* beats the continuous-diffusion baselines on Gen.PPL"
+
+
+def oracle_claim(group: Group) -> Claim:
+    """ℓ* is competitive with the oracle layer: Gen.PPL within `ORACLE_MARGIN` of it."""
+    layers = " / ".join(f"{entry['roles'].get('chosen')} vs {entry['roles'].get('oracle')}" for _, entry in group.entries)
+    measurement = (f"{name(group)}: ℓ\\* vs the oracle layer by bridge error {layers} (seeds {seeds(group)}); "
+                   f"Gen.PPL at ℓ\\* ÷ at the oracle layer {per_seed_ratio(group, 'dihal-chosen', 'dihal-oracle')}")
+    rule = (f"reproduced iff the upper end of the paired {100 * (1 - ALPHA):.0f}% interval of Gen.PPL(ℓ\\*) ÷ "
+            f"Gen.PPL(oracle) is ≤ {ORACLE_MARGIN:.2f} (at most 10% worse); not reproduced iff its lower end is "
+            f"> {ORACLE_MARGIN:.2f}; else not shown")
+    result = paired(group, "dihal-chosen", "dihal-oracle")
+    claim = "geometry-chosen layers stay competitive with the oracle layer"
+    if result is None:
+        return Claim(claim, measurement, rule, NO_NLL, NOT_TESTED)
+    margin = math.log(ORACLE_MARGIN)
+    verdict = REPRODUCED if result["high"] <= margin else NOT_REPRODUCED if result["low"] > margin else NOT_SHOWN
+    return Claim(claim, measurement, rule, ratio_interval(result), verdict)
+
+
+def regressor_claim(group: Group) -> Claim:
+    """Diffusion is what makes the bridge work: DiHAL beats the same network trained as a one-step
+    regressor."""
+    measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ the one-step regressor with the same network and "
+                   f"budget {per_seed_ratio(group, 'dihal-chosen', 'control-regressor')} (seeds {seeds(group)})")
+    rule = (f"reproduced iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − "
+            "log Gen.PPL(regressor) lies below 0; not reproduced iff above 0; else not shown")
+    claim = "diffusion steps are what make the bridge work (beyond one-step regression)"
+    if not all("control-regressor" in entry["methods"] for _, entry in group.entries):
+        return Claim(claim, measurement, rule, "no regressor control in the records", NOT_TESTED)
+    result = paired(group, "dihal-chosen", "control-regressor")
+    if result is None:
+        return Claim(claim, measurement, rule, NO_NLL, NOT_TESTED)
+    verdict = REPRODUCED if result["high"] < 0 else NOT_REPRODUCED if result["low"] > 0 else NOT_SHOWN
+    return Claim(claim, measurement, rule, ratio_interval(result), verdict)
+
+
+def latency_claim(group: Group) -> Claim:
+    """DiHAL decodes more slowly than the backbone."""
+    ratios = [((entry["methods"]["dihal-chosen"].get("latency") or {}).get("batch1_ratio_to_backbone"))
+              for _, entry in group.entries]
+    measured = [r for r in ratios if isinstance(r, (int, float)) and not isinstance(r, bool)]
+    measurement = (f"{name(group)}: DiHAL at ℓ\\* ms/token ÷ the backbone's, batch 1, same run, median of "
+                   f"interleaved rounds: {' / '.join(fmt(r) if r in measured else '—' for r in ratios)} "
+                   f"(seeds {seeds(group)})")
+    rule = "reproduced iff the ratio is > 1 on every seed; not reproduced iff < 1 on every seed; else not shown"
+    interval = "none: the records keep each seed's median, not its spread"
+    claim = "DiHAL is slower than the backbone at inference"
+    if len(measured) < len(ratios) or not measured:
+        return Claim(claim, measurement, rule, interval, NOT_TESTED)
+    verdict = REPRODUCED if min(measured) > 1 else NOT_REPRODUCED if max(measured) < 1 else NOT_SHOWN
+    return Claim(claim, measurement, rule, interval, verdict)
+
+
+# --- reading the pooled seeds ------------------------------------------------------------------
+
+
+def paired(group: Group, first: str, second: str) -> dict | None:
+    """The paired bootstrap of log Gen.PPL(first) − log Gen.PPL(second) over the group's seeds, or
+    None where a seed lacks either method's per-sample NLLs."""
+    sides = []
+    for method in (first, second):
+        side = {}
+        for _, entry in group.entries:
+            metrics = (entry["methods"].get(method) or {}).get("metrics") or {}
+            nll, tokens = metrics.get("gen_ppl_nll_per_sample"), metrics.get("gen_ppl_tokens_per_sample")
+            if not (isinstance(nll, list) and isinstance(tokens, list)) or metrics.get("gen_ppl") is None:
+                return None
+            side[entry["seed"]] = SampleNLL(nll, tokens)
+        sides.append(side)
+    return paired_log_ppl_difference(*sides, n_boot=N_BOOT, seed=SEED, level=1 - ALPHA)
+
+
+def per_seed_ratio(group: Group, first: str, second: str) -> str:
+    """Gen.PPL(first) ÷ Gen.PPL(second) per seed, with both values."""
+    cells = []
+    for _, entry in group.entries:
+        a, b = (((entry["methods"].get(m) or {}).get("metrics") or {}).get("gen_ppl") for m in (first, second))
+        cells.append(f"{fmt(a / b)} ({fmt(a)} vs {fmt(b)})" if a and b else "—")
+    return " / ".join(cells)
+
+
+def ratio_interval(result: dict) -> str:
+    return (f"ratio {fmt(result['ratio'])}, paired 95% CI [{fmt(result['ratio_low'])}, {fmt(result['ratio_high'])}] "
+            f"({result['samples']} sample pairs, {result['seeds']} seed{'s' if result['seeds'] != 1 else ''})")
+
+
+def first_methods(group: Group) -> dict[str, dict]:
+    """Methods every pooled seed has, as the first seed describes them, in its order."""
+    _, first = group.entries[0]
+    return {name: method for name, method in first["methods"].items()
+            if all(name in entry["methods"] for _, entry in group.entries)}
+
+
+def name(group: Group) -> str:
+    return f"{markdown_text(group.backbone)} ({markdown_text(group.suite)})"
+
+
+def seeds(group: Group) -> str:
+    return " / ".join(str(entry["seed"]) for _, entry in group.entries)
+
+
+def fmt(x: float | None) -> str:
+    """Three significant figures, thousands in full with separators."""
+    if x is None or not math.isfinite(x):
+        return "—"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}" if abs(x) >= 0.01 else f"{x:.1e}"
+
+
+def p_text(p: float | None) -> str:
+    if p is None:
+        return "—"
+    return f"{p:.2g}" if p >= 1e-3 else f"{p:.0e}"
+
+
+def embed(readme: str, table: str) -> str:
+    """``readme`` with the text between the claims markers replaced by ``table``."""
+    start, end = readme.find(START_MARKER), readme.find(END_MARKER)
+    if start < 0 or end < start:
+        raise DihalError(f"the README has no {START_MARKER} … {END_MARKER} block")
+    return readme[:start + len(START_MARKER)] + "\n" + table + "\n" + readme[end:]

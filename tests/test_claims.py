@@ -1,0 +1,148 @@
+"""The claims table: verdicts follow their decision rules on records with known answers, a record
+without per-sample NLLs gets "not tested", and the README embeds exactly what `dihal-bench claims`
+prints for the committed records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dihal_bench.cli import cli
+from dihal_bench.errors import DihalError
+from dihal_bench.leaderboard.claims import (
+    END_MARKER,
+    NOT_REPRODUCED,
+    NOT_SHOWN,
+    NOT_TESTED,
+    REPRODUCED,
+    START_MARKER,
+    claims_markdown,
+    embed,
+    evaluate,
+)
+from dihal_bench.leaderboard.read import Group
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = list(range(1, 13))
+
+
+def method(kind: str, gen_ppl_nll: list | None, tokens: list | None, *, in_budget: bool = True,
+           latency: float | None = None) -> dict:
+    metrics = {}
+    if gen_ppl_nll is not None:
+        valid = [(n, t) for n, t in zip(gen_ppl_nll, tokens) if n is not None]
+        metrics = {"gen_ppl": float(np.exp(sum(n for n, _ in valid) / sum(t for _, t in valid))),
+                   "gen_ppl_nll_per_sample": gen_ppl_nll, "gen_ppl_tokens_per_sample": tokens}
+    return {"kind": kind, "in_budget": in_budget, "metrics": metrics,
+            "latency": None if latency is None else {"batch1_ratio_to_backbone": latency}}
+
+
+def entry(seed: int, score: list[float], mse: list[float], methods: dict) -> dict:
+    """One seed as the runner writes it, with only what the claims read."""
+    return {"seed": seed,
+            "locate": {"layers": LAYERS, "score": score, "proxies": {}, "preprocessing": "trace"},
+            "sweep": {"layers": [{"layer": layer, "bridge_mse": value} for layer, value in zip(LAYERS, mse)]},
+            "roles": {"chosen": 2, "oracle": 1, "worst": 12}, "methods": methods}
+
+
+def samples(log_ppl: float, shared: np.ndarray) -> tuple[list, list]:
+    tokens = [64] * len(shared)
+    return [float((log_ppl + noise) * 64) for noise in shared], tokens
+
+
+def group_of(entries: list[dict]) -> Group:
+    group = Group("diagnostic", "tiny", "tiny")
+    group.entries = [("r.json", e) for e in entries]
+    return group
+
+
+def methods_for(seed: int, *, chosen: float, oracle: float, regressor: float, baseline: float,
+                with_nll: bool = True) -> dict:
+    rng = np.random.default_rng(seed)
+    shared = rng.normal(scale=0.3, size=128)
+    sides = {}
+    for name, log_ppl in (("dihal-chosen", chosen), ("dihal-oracle", oracle), ("control-regressor", regressor),
+                          ("sed", baseline)):
+        nll, tokens = samples(log_ppl, shared + rng.normal(scale=0.05, size=128))
+        kind = "baseline" if name == "sed" else "dihal" if name.startswith("dihal") else "control"
+        sides[name] = method(kind, nll, tokens, latency=0.9 if name == "dihal-chosen" else None)
+        if not with_nll:
+            for key in ("gen_ppl_nll_per_sample", "gen_ppl_tokens_per_sample"):
+                sides[name]["metrics"].pop(key)
+    sides["ar-backbone"] = method("baseline", None, None, in_budget=False)
+    return sides
+
+
+def test_verdicts_follow_the_rules_on_planted_gaps():
+    rng = np.random.default_rng(0)
+    depth_ordered = [0.1 * layer + rng.normal(scale=0.01) for layer in LAYERS]
+    entries = [entry(seed, [-v for v in depth_ordered], depth_ordered,
+                     # DiHAL 20% below the regressor and the baseline; 2% above the oracle layer
+                     methods_for(seed, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0)) for seed in (0, 1)]
+    rows = {row.claim: row for row in evaluate([group_of(entries)])}
+    geometry = next(row for claim, row in rows.items() if claim.startswith("S(ℓ)"))
+    # S(ℓ) ranks the layers exactly as the error does: ρ = 1 > 0.91, reproduced
+    assert geometry.verdict == REPRODUCED and "ρ of S(ℓ)" in geometry.measurement
+    by_start = {claim.split(" ")[0]: row for claim, row in rows.items()}
+    assert by_start["under"].verdict == REPRODUCED and "ratio" in by_start["under"].interval
+    assert by_start["geometry-chosen"].verdict == REPRODUCED  # 2% worse, well inside the 10% margin
+    assert by_start["diffusion"].verdict == REPRODUCED
+    assert by_start["DiHAL"].verdict == NOT_REPRODUCED  # 0.9× the backbone: faster, not slower
+
+
+def test_verdicts_turn_when_the_gap_reverses_or_vanishes():
+    rng = np.random.default_rng(1)
+    errors = [0.1 * layer for layer in LAYERS]
+    unrelated = list(rng.permutation(12).astype(float))  # S(ℓ) unrelated to the error: ρ far below 0.91
+    entries = [entry(seed, unrelated, errors, methods_for(seed, chosen=5.0, oracle=4.7, regressor=5.0, baseline=4.5))
+               for seed in (0, 1)]
+    rows = {row.claim.split(" ")[0]: row for row in evaluate([group_of(entries)])}
+    assert rows["S(ℓ)"].verdict == NOT_REPRODUCED and "H₀: ρ = 0.91" in rows["S(ℓ)"].interval
+    assert rows["under"].verdict == NOT_REPRODUCED  # the baseline is better by 40%
+    assert rows["geometry-chosen"].verdict == NOT_REPRODUCED  # 35% worse than the oracle layer
+    assert rows["diffusion"].verdict == NOT_SHOWN  # no gap: the interval holds 0
+
+
+def test_records_without_per_sample_nlls_are_not_tested_rather_than_given_a_number():
+    errors = [0.1 * layer for layer in LAYERS]
+    entries = [entry(seed, [-e for e in errors], errors,
+                     methods_for(seed, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0, with_nll=False))
+               for seed in (0, 1)]
+    rows = {row.claim.split(" ")[0]: row for row in evaluate([group_of(entries)])}
+    for claim in ("under", "geometry-chosen", "diffusion"):
+        assert rows[claim].verdict == NOT_TESTED and "per-sample NLLs" in rows[claim].interval
+
+
+def test_the_readme_embeds_the_table_generated_from_the_committed_records():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count(START_MARKER) == 1 and readme.count(END_MARKER) == 1
+    generated = claims_markdown(ROOT / "results", warn=lambda message: None)
+    assert embed(readme, generated) == readme, "README claims table is stale: run `dihal-bench claims --readme README.md`"
+
+
+def test_the_claims_command_prints_the_table_and_writes_it_between_the_markers(tmp_path):
+    runner = CliRunner()
+    printed = runner.invoke(cli, ["claims", "--results", str(ROOT / "results")])
+    assert printed.exit_code == 0, printed.output
+    table = claims_markdown(ROOT / "results", warn=lambda message: None)
+    assert table in printed.output
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{START_MARKER}\nold table\n{END_MARKER}\nafter\n", encoding="utf-8")
+    written = runner.invoke(cli, ["claims", "--results", str(ROOT / "results"), "--readme", str(readme)])
+    assert written.exit_code == 0, written.output
+    assert readme.read_text(encoding="utf-8") == f"before\n{START_MARKER}\n{table}\n{END_MARKER}\nafter\n"
+    with pytest.raises(DihalError, match="markers|claims:start"):
+        embed("no markers here", table)
+    missing = runner.invoke(cli, ["claims", "--results", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "Error:" in missing.output
+
+
+def test_a_sweep_too_short_for_the_tests_is_not_tested():
+    errors = [0.1 * layer for layer in LAYERS]
+    short = entry(0, [-e for e in errors], errors, {})
+    short["sweep"]["layers"] = short["sweep"]["layers"][:3]
+    (row,) = evaluate([group_of([short])])
+    assert row.verdict == NOT_TESTED and "at least 4" in row.measurement
