@@ -16,22 +16,36 @@ and PNG plots (`plot`). The modules follow the data: `read` (records to rows), `
 (rows to tables), `render` (tables as md, csv, html, latex), `plot`, and `page` (the single
 page). Every output is rendered in memory before the first file is written, and each file is
 written atomically, so a failure never leaves half a leaderboard.
+
+One call writes every artifact from one reading of the records: the tables, the plots, the
+page and its picture (``leaderboard.png``), so none of them can show other records than the
+rest; the page and the picture name those records (`render.citation`). A leaderboard file
+already in the output folder that this call would have written but did not (its group has no
+record any more) is named in a warning: it is stale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
 from dihal_bench.leaderboard.page import render_page
-from dihal_bench.leaderboard.plot import plots
+from dihal_bench.leaderboard.plot import PLOTS, page_picture, plots
 from dihal_bench.leaderboard.read import read_groups
 from dihal_bench.records import write_bytes_atomic
 
-__all__ = ["build_leaderboards"]
+__all__ = ["PUBLISHED_FORMATS", "build_leaderboards"]
+
+#: What the publish step (``dihal-bench leaderboard --results results --out leaderboards``)
+#: writes: every format, so that no committed table is older than the page.
+PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
+#: The files outside the group folders, and the format whose build writes each.
+TOP_LEVEL = {"index.md": "md", "leaderboard.html": "html", "leaderboard.png": "html"}
+#: The tables a group can have (`aggregate.tables`).
+TABLE_NAMES = ("methods", "metrics", "layers", "proxies")
 
 
 def check_formats(formats: Iterable[str]) -> list[str]:
@@ -50,8 +64,9 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
 
     Writes, per (suite, backbone, evaluator) group, ``<group>/methods|layers|proxies.<ext>``
     in each of ``formats`` (md, csv, html, latex) and the PNG plots; plus ``index.md`` (with
-    md) and ``leaderboard.html``, every group on one self-contained page (with html).
-    Everything is rendered before anything is written. Returns the written paths.
+    md) and, with html, ``leaderboard.html``, every group on one self-contained page, and
+    ``leaderboard.png``, its picture. Everything is rendered before anything is written.
+    Warns about stale files (`stale_files`). Returns the written paths.
     """
     formats = check_formats(formats)
     groups = read_groups(Path(results_dir), warn)
@@ -70,8 +85,24 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
         files["index.md"] = render.render_index(groups, files).encode("utf-8")
     if "html" in formats:
         files["leaderboard.html"] = render_page(built).encode("utf-8")
+        files["leaderboard.png"] = page_picture(built)
     written = []
     for relative, data in files.items():
         write_bytes_atomic(Path(out_dir) / relative, data)
         written.append(Path(out_dir) / relative)
+    for path in stale_files(Path(out_dir), set(files), formats):
+        warn(f"{path} is stale: no record in {results_dir} makes it any more (delete it)")
     return written
+
+
+def stale_files(out_dir: Path, written: set[str], formats: Sequence[str]) -> list[Path]:
+    """The files under ``out_dir`` that a build in ``formats`` writes when a group has them, and
+    that this build, which wrote ``written`` (paths relative to ``out_dir``), did not: what a
+    group that no longer has records left behind. Files of other formats, and folders that
+    hold no leaderboard (``leaderboards/locate``), are left out of it."""
+    suffixes = {render.FORMAT_SUFFIXES[name] for name in formats} | {".png"}
+    names = {f"{table}{suffix}" for table in TABLE_NAMES for suffix in suffixes} | {f"{stem}.png" for stem in PLOTS}
+    found = [name for name, writer in TOP_LEVEL.items() if writer in formats and (out_dir / name).is_file()]
+    for folder in sorted(path for path in out_dir.iterdir() if path.is_dir()) if out_dir.is_dir() else []:
+        found += [f"{folder.name}/{path.name}" for path in sorted(folder.iterdir()) if path.name in names]
+    return [out_dir / name for name in found if name not in written]

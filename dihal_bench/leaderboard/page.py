@@ -5,7 +5,11 @@ Per group: the methods table cut to the columns a reader ranks by (method, budge
 that have a better direction, latency) with the rest one click away, the plots, the proxy and
 layer tables, and a few samples of each method. Each table says its n (seeds) once; a cell
 says its own only where it has fewer. Any column sorts by a click on its header. The page fits
-a 1400-pixel-wide window: names from records may break anywhere, so no cell widens the page.
+a 1400-pixel-wide window: a name breaks inside a word only where the word is longer than
+`render.LONGEST_UNBROKEN`, so no cell widens the page and no usual name is cut in two. The
+records the page was built from are named in each group's section and, for a machine, in a
+``<meta name="dihal-bench-records">`` element (`render.citation`), which the page's picture
+(`plot.page_picture`) carries too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ import html
 from dihal_bench.leaderboard.aggregate import Table
 from dihal_bench.leaderboard.plot import Plot
 from dihal_bench.leaderboard.read import Group, one_line
-from dihal_bench.leaderboard.render import html_document, html_table, provenance
+from dihal_bench.leaderboard.render import (
+    CITATION_KEY,
+    citation,
+    html_document,
+    html_table,
+    provenance,
+    seeds_note,
+)
 
 TITLE = "dihal-bench leaderboard"
 #: The columns one click away come in tables of at most this many (and the row's name), so
@@ -41,6 +52,7 @@ th { vertical-align: bottom; font-weight: 600; border-bottom: 2px solid #8c959f;
 th.text, td.text { text-align: left; }
 /* names break only where `breakable` marks them */
 th, td { overflow-wrap: break-word; }
+.word { white-space: nowrap; }
 tbody tr:hover { background: #f3f6f9; }
 table.sortable th { cursor: pointer; }
 table.sortable th:hover { background: #eef1f4; }
@@ -98,9 +110,7 @@ INTRO = ("Run records pooled by suite, backbone and evaluator. ↑: higher is be
 
 def seeds_line(table: Table) -> str:
     """The table's n, said once for all its cells."""
-    n = table.seeds
-    return (f'<p class="n">Each cell: mean ± sample std (ddof=1) over n = {n} seed{"s" if n != 1 else ""} '
-            f"(pooled record × seed pairs); a cell over fewer says so.</p>\n")
+    return f'<p class="n">{html.escape(seeds_note(table))}</p>\n'
 
 
 def table_block(table: Table) -> str:
@@ -172,4 +182,5 @@ def render_page(built: list[tuple[Group, dict[str, Table], dict[str, Plot]]]) ->
     """Every group on one page."""
     body = f"<h1>{TITLE}</h1>\n<p class=\"meta\">{html.escape(INTRO)}</p>\n"
     body += "".join(group_section(group, tables, plots) for group, tables, plots in built)
-    return html_document(TITLE, body, PAGE_STYLE, SORT_SCRIPT)
+    cited = citation([group for group, _, _ in built])
+    return html_document(TITLE, body, PAGE_STYLE, SORT_SCRIPT, meta={CITATION_KEY: cited})

@@ -4,14 +4,18 @@
 - the locate proxies' z-scores and S(ℓ) against depth, ℓ* marked;
 - S(ℓ) against bridge validation MSE per swept layer;
 - the methods' trade-off: the first lower-is-better metric of the records against their first
-  higher-is-better one (Gen.PPL against entropy for the built-in metrics), with its Pareto front.
+  higher-is-better one (Gen.PPL against entropy for the built-in metrics), with its Pareto front;
+
+and the page's picture (`page_picture`, ``leaderboard.png``): each group's ranked columns of
+the methods and proxies tables, drawn from the very tables the page shows, with the records
+they pool named on it and, for a machine, in a PNG text chunk (`render.citation`).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -23,6 +27,13 @@ from dihal_bench.leaderboard.aggregate import (
     value_columns,
 )
 from dihal_bench.leaderboard.read import Group, one_line
+from dihal_bench.leaderboard.render import (
+    CITATION_KEY,
+    cell,
+    citation,
+    provenance,
+    seeds_note,
+)
 
 #: Every plot's look. usetex off: a user's matplotlibrc may turn it on, and it would typeset
 #: every label (names from records included) as LaTeX.
@@ -179,3 +190,190 @@ def plots(group: Group, methods: Table | None) -> dict[str, Plot]:
     with matplotlib.rc_context(STYLE):
         drawn = {stem: plot(group, methods) for stem, plot in PLOTS.items()}
     return {stem: plot for stem, plot in drawn.items() if plot is not None}
+
+
+# --- the page's picture ---------------------------------------------------------------------
+
+#: The picture's width: the window the page is checked in (tests/test_leaderboard_page.py). A
+#: table that does not fit at MIN_TABLE_PT widens it.
+PICTURE_WIDTH = 1400
+PICTURE_DPI = 100
+MARGIN = 30  # pixels
+#: Type sizes in points.
+TITLE_PT, HEADING_PT, SUBHEADING_PT, PROSE_PT, TABLE_PT, MIN_TABLE_PT = 16, 13, 11, 9, 10, 7
+#: Line height as a multiple of the type size.
+LINE_SPACING = 1.4
+CELL_PADDING = 8  # pixels either side of a cell's text
+#: A name longer than this is cut (with "…") in the picture; the page and the tables keep it.
+PICTURE_NAME_MAX = 40
+#: The tables the picture shows of each group, their ranked (``main``) columns only.
+PICTURE_TABLES = ("methods", "proxies")
+PICTURE_INTRO = ("The columns a reader ranks by, drawn from the same tables, in the same build, as "
+                 "leaderboard.html, where the other columns, the plots and samples are. "
+                 "↑: higher is better, ↓: lower is better.")
+INK, MUTED, RULE, BAND = "#1f2328", "#59636e", "#8c959f", "#f3f6f9"
+
+
+@dataclass
+class _Sheet:
+    """The picture's layout, top to bottom in pixels: what to draw where, measured with the
+    renderer that then draws it, so that no text overlaps another."""
+
+    renderer: object
+    width: float = PICTURE_WIDTH
+    y: float = MARGIN  # the top of the next line
+    texts: list[tuple[float, float, str, dict]] = field(default_factory=list)  # x, baseline, text, style
+    bands: list[tuple[float, float, float, float]] = field(default_factory=list)  # x, top, width, height
+    rules: list[tuple[float, float, float]] = field(default_factory=list)  # x0, x1, y
+
+    @property
+    def inner(self) -> float:
+        return PICTURE_WIDTH - 2 * MARGIN
+
+    def measure(self, text: str, size: float, bold: bool = False) -> float:
+        from matplotlib.font_manager import FontProperties
+
+        prop = FontProperties(size=size, weight="bold" if bold else "normal")
+        return self.renderer.get_text_width_height_descent(text, prop, ismath=False)[0]
+
+    def put(self, x: float, top: float, text: str, size: float, *, bold=False, color=INK, right=False) -> None:
+        pixels = size * PICTURE_DPI / 72
+        baseline = top + (LINE_SPACING - 1) * pixels / 2 + 0.8 * pixels  # DejaVu's ascent is ~0.76 em
+        self.texts.append((x, baseline, text, {"fontsize": size, "fontweight": "bold" if bold else "normal",
+                                               "color": color, "ha": "right" if right else "left"}))
+
+    def line(self, text: str, size: float, *, bold=False, color=INK, gap: float = 0) -> None:
+        """``text`` wrapped at spaces to the picture's width, below what is there."""
+        self.y += gap
+        for piece in wrap(one_line(text), self.inner, lambda t: self.measure(t, size, bold)):
+            self.put(MARGIN, self.y, piece, size, bold=bold, color=color)
+            self.y += size * PICTURE_DPI / 72 * LINE_SPACING
+
+    def table(self, table: Table) -> None:
+        columns = [column for column in table.columns if column.main]
+        rows = [[picture_text(cell(table, column, row, usual=table.seeds), PICTURE_NAME_MAX)
+                 for column in columns] for row in range(len(table.numbers))]
+        # an arrow stays with the word it follows when a header wraps
+        headers = [picture_text(column.header, PICTURE_NAME_MAX).replace(" ↑", "\xa0↑").replace(" ↓", "\xa0↓")
+                   for column in columns]
+        size = TABLE_PT
+        widths, wrapped = self.columns(headers, rows, size)
+        while sum(widths) > self.inner and size > MIN_TABLE_PT:
+            size = max(MIN_TABLE_PT, size - 0.5)
+            widths, wrapped = self.columns(headers, rows, size)
+        self.width = max(self.width, sum(widths) + 2 * MARGIN)
+        height = size * PICTURE_DPI / 72 * LINE_SPACING
+        edges = [MARGIN + sum(widths[:i]) for i in range(len(widths) + 1)]
+        lines = max(len(header) for header in wrapped)
+        texts = [column.kind == "text" for column in columns]
+        for i, header in enumerate(wrapped):  # headers sit on the rule, as on the page
+            for j, piece in enumerate(header):
+                self.put_cell(edges, i, self.y + (lines - len(header) + j) * height, piece, size, texts[i], bold=True)
+        self.y += lines * height + 2
+        self.rules.append((edges[0], edges[-1], self.y))
+        for number, row in enumerate(rows):
+            if number % 2:
+                self.bands.append((edges[0], self.y, edges[-1] - edges[0], height))
+            for i, text in enumerate(row):
+                self.put_cell(edges, i, self.y, text, size, texts[i])
+            self.y += height
+        self.rules.append((edges[0], edges[-1], self.y))
+
+    def put_cell(self, edges, i, top, text, size, is_text, *, bold=False) -> None:
+        """Names left-aligned, numbers right-aligned, as on the page."""
+        x = edges[i] + CELL_PADDING if is_text else edges[i + 1] - CELL_PADDING
+        self.put(x, top, text, size, bold=bold, right=not is_text)
+
+    def columns(self, headers: list[str], rows: list[list[str]], size: float) -> tuple[list[float], list[list[str]]]:
+        """Each column's width at ``size`` and its header wrapped at spaces to that width. A
+        column is as wide as its widest cell and header word, and wider, up to its header's
+        width on one line, as far as the picture's width leaves room: the same cap for all, the
+        largest that fits. A cell never wraps."""
+        least = [max([self.measure(row[i], size) for row in rows]
+                     + [self.measure(word, size, True) for word in header.split(" ")])
+                 for i, header in enumerate(headers)]
+        whole = [self.measure(header, size, True) for header in headers]
+        room = self.inner - 2 * CELL_PADDING * len(headers)
+
+        def widths(cap: float) -> list[float]:
+            return [max(low, min(one_line, cap)) for low, one_line in zip(least, whole)]
+
+        low, high = 0.0, max(whole)
+        for _ in range(20):  # bisection to well under a pixel
+            middle = (low + high) / 2
+            low, high = (middle, high) if sum(widths(middle)) <= room else (low, middle)
+        chosen = widths(low if sum(widths(high)) > room else high)
+        wrapped = [wrap(header, width + 0.5, lambda t: self.measure(t, size, True))
+                   for header, width in zip(headers, chosen)]
+        return [width + 2 * CELL_PADDING for width in chosen], wrapped
+
+    def png(self, metadata: dict[str, str]) -> bytes:
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Rectangle
+
+        height = self.y + MARGIN
+        figure = Figure(figsize=(self.width / PICTURE_DPI, height / PICTURE_DPI), dpi=PICTURE_DPI)
+
+        def at(x, y):  # pixels from the top left -> figure fraction
+            return x / self.width, 1 - y / height
+
+        for x, top, width, tall in self.bands:
+            figure.add_artist(Rectangle(at(x, top + tall), width / self.width, tall / height, color=BAND,
+                                        transform=figure.transFigure, zorder=0))
+        for x0, x1, y in self.rules:
+            (u0, v), (u1, _) = at(x0, y), at(x1, y)
+            figure.add_artist(Line2D([u0, u1], [v, v], color=RULE, linewidth=1, transform=figure.transFigure))
+        for x, baseline, text, style in self.texts:
+            # usetex and mathtext off: every text here is literal, names from records included
+            figure.text(*at(x, baseline), text, va="baseline", usetex=False, parse_math=False, **style)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=PICTURE_DPI, facecolor="white",
+                       metadata={"Software": None, **metadata})
+        return buffer.getvalue()
+
+
+def picture_text(text, limit: int) -> str:
+    """``text`` on one line and at most ``limit`` characters (cut with "…")."""
+    text = one_line(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def wrap(text: str, width: float, measure: Callable[[str], float]) -> list[str]:
+    """``text`` in lines no wider than ``width`` (by ``measure``), broken at spaces; a word
+    wider than a line is cut (with "…") to fit."""
+    lines: list[str] = []
+    for word in text.split(" "):
+        word = picture_text(word, 200)  # so that cutting it to fit takes few measurements
+        while measure(word) > width and len(word) > 1:
+            word = word[:-2] + "…"
+        if lines and measure(f"{lines[-1]} {word}") <= width:
+            lines[-1] += f" {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def page_picture(built: Sequence[tuple[Group, dict[str, Table], dict[str, Plot]]]) -> bytes:
+    """``leaderboard.png``: per group, its title, the records it pools (file names and seeds),
+    the n of its tables and their ranked columns, each cell the text the page shows."""
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    with matplotlib.rc_context(STYLE):
+        sheet = _Sheet(FigureCanvasAgg(Figure(dpi=PICTURE_DPI)).get_renderer())
+        sheet.line("dihal-bench leaderboard", TITLE_PT, bold=True)
+        sheet.line(PICTURE_INTRO, PROSE_PT, color=MUTED)
+        for group, tables, _ in built:
+            sheet.line(picture_text(group.title, 200), HEADING_PT, bold=True, gap=18)
+            records = provenance(group.sources, group.unverified)
+            sheet.line(f"Corpus: {', '.join(sorted(group.corpora))}. {records}", PROSE_PT, color=MUTED)
+            for name in PICTURE_TABLES:
+                table = tables.get(name)
+                if table is None or table.numbers.empty:
+                    continue
+                sheet.line(table.title, SUBHEADING_PT, bold=True, gap=8)
+                sheet.line(seeds_note(table), PROSE_PT, color=MUTED)
+                sheet.table(table)
+        return sheet.png({CITATION_KEY: citation([group for group, _, _ in built])})

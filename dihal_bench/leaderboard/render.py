@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -166,10 +167,35 @@ def provenance(sources: dict[str, list[int]], unverified: Sequence[str] = ()) ->
             f"({seeds} seed{'s' if seeds != 1 else ''}): {listed}.")
 
 
+#: The name under which the page (a ``<meta>`` element) and its picture (a PNG text chunk)
+#: carry `citation`, for a reader or a test to compare with ``results/``.
+CITATION_KEY = "dihal-bench-records"
+
+
+def citation(groups: Sequence[Group]) -> str:
+    """Every run record the outputs were built from, with the seeds pooled from it, as JSON
+    ``{"<record file>": [seeds]}`` in ASCII (a PNG text chunk is Latin-1); keys sorted, so the
+    same records always give the same text."""
+    cited = {name: list(seeds) for group in groups for name, seeds in group.sources.items()}
+    return json.dumps(cited, sort_keys=True, ensure_ascii=True)
+
+
+def pooled(table: Table) -> bool:
+    """Whether the table has cells pooled over seeds (the metrics table has none)."""
+    return any(column.kind != "text" for column in table.columns)
+
+
+def seeds_note(table: Table) -> str:
+    """The table's n, said once for all its cells (a cell over fewer seeds says its own)."""
+    if table.seeds == 1:
+        return "Each cell: the value of the one seed pooled (no std over seeds)."
+    return (f"Each cell: mean ± sample std (ddof=1) over n = {table.seeds} seeds "
+            f"(each seed once, from its newest record); a cell over fewer says so.")
+
+
 def note(table: Table) -> str:
     """The table's note, after what a cell means where it has numbers."""
-    pooled = any(column.kind != "text" for column in table.columns)
-    return f"{CELL_NOTE} {table.note}" if pooled else table.note
+    return f"{CELL_NOTE} {table.note}" if pooled(table) else table.note
 
 
 def render_markdown(table: Table, group: Group) -> str:
@@ -211,20 +237,40 @@ def render_csv(table: Table, group: Group) -> str:
     return frame.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC)
 
 
-#: Names break only between words, after ``_`` and ``/``, and inside a longer run than this.
+#: A word (a run without spaces) breaks inside only where it is longer than this: after ``_``,
+#: ``/`` and ``-``, and every this many characters of a piece still longer. A table column is
+#: as narrow as its longest unbreakable piece, so a long name must not be one.
 LONGEST_UNBROKEN = 12
+#: In a cell, a name up to this long stays whole ("reference-unigram", "control-regressor",
+#: "global_monotonicity"): a row's label is one column, where a few such names cannot widen
+#: the page, unlike a header on each of a dozen columns.
+WHOLE_NAME = 24
+#: A character after which a browser may break a line (a hyphen, a slash, …): anything but a
+#: letter or a digit. One before a word's last character would cut the word.
+_BREAK_AFTER = re.compile(r"[^\w]|_")
 
 
-def breakable(text: str) -> str:
-    """``text`` as HTML that wraps at spaces and at ``<wbr>`` marks after ``_`` and ``/`` and
-    every LONGEST_UNBROKEN characters of a longer word: a table column is as narrow as its
-    longest unbreakable piece, so a long name must not be one."""
+def breakable(text: str, *, names: bool = False) -> str:
+    """``text`` as HTML that wraps at spaces and, inside a word longer than LONGEST_UNBROKEN
+    (WHOLE_NAME for ``names``, a cell's text), at ``<wbr>`` marks; in ``names``, a shorter word
+    that holds a hyphen or another break point is kept whole (``<span class="word">``, which
+    the styles set ``white-space: nowrap``)."""
+    limit = WHOLE_NAME if names else LONGEST_UNBROKEN
     words = []
     for word in re.split(r"(\s+)", text):
-        pieces = re.findall(r"[^_/]*[_/]|[^_/]+", word) if len(word) > LONGEST_UNBROKEN else [word]
+        if len(word) <= limit:
+            words.append(_whole(word) if names else html.escape(word))
+            continue
+        pieces = re.findall(r"[^_/-]*[_/-]|[^_/-]+", word)
         chunks = [piece[i:i + LONGEST_UNBROKEN] for piece in pieces for i in range(0, len(piece), LONGEST_UNBROKEN)]
         words.append("<wbr>".join(html.escape(chunk) for chunk in chunks))
     return "".join(words)
+
+
+def _whole(word: str) -> str:
+    """``word`` escaped, in one piece however narrow the column."""
+    escaped = html.escape(word)
+    return f'<span class="word">{escaped}</span>' if _BREAK_AFTER.search(word[:-1]) and not word.isspace() else escaped
 
 
 def html_table(table: Table, columns: Sequence[Column], *, usual: int | None = None, sortable: bool = False,
@@ -241,7 +287,7 @@ def html_table(table: Table, columns: Sequence[Column], *, usual: int | None = N
             key = sort_key(table, column, row) if sortable else None
             attributes = kind + (f' data-sort="{key}"' if key is not None else "")
             text = cell(table, column, row, usual=usual)
-            shown = breakable(text) if kind else html.escape(text)
+            shown = breakable(text, names=True) if kind else html.escape(text)
             if whole_values and not kind:
                 shown = shown.replace(" ± ", "&nbsp;± ")
             tds.append(f"<td{attributes}>{shown}</td>")
@@ -261,15 +307,18 @@ table.leaderboard { border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem
 table.leaderboard th, table.leaderboard td { border-bottom: 1px solid #ccc; padding: 0.3rem 0.6rem; text-align: right; }
 table.leaderboard .text { text-align: left; }
 p.note { color: #555; font-size: 0.9rem; }
+.word { white-space: nowrap; }
 """
 
 
-def html_document(title: str, body: str, style: str, script: str = "") -> str:
+def html_document(title: str, body: str, style: str, script: str = "", *, meta: dict[str, str] | None = None) -> str:
     """A self-contained page: inline style (and the inline ``script``, if any), nothing
-    fetched from elsewhere."""
+    fetched from elsewhere; ``meta``: name -> content of ``<meta>`` elements."""
     script = f"<script>{script}</script>\n" if script else ""
+    tags = "".join(f'<meta name="{html.escape(name)}" content="{html.escape(content)}">\n'
+                   for name, content in (meta or {}).items())
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n{tags}"
             f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
             f"{body}{script}</body>\n</html>\n")
 
@@ -284,10 +333,12 @@ def render_html(table: Table, group: Group) -> str:
 
 
 def render_latex(table: Table, group: Group) -> str:
-    body = _escaped(cells(table), latex_text).to_latex(index=False, escape=False)
+    # n is said once, under the tabular, and in a cell only where it differs
+    body = _escaped(cells(table, usual=table.seeds), latex_text).to_latex(index=False, escape=False)
     # A comment runs to the end of its line, so it only needs to stay on one line.
     source = provenance(group.sources, group.unverified)
-    return f"% {one_line(source)}\n% {one_line(f'{table.title}: {group.title}')}\n{body}"
+    stated = f"\\par\\smallskip{{\\footnotesize {latex_text(seeds_note(table))}}}\n" if pooled(table) else ""
+    return f"% {one_line(source)}\n% {one_line(f'{table.title}: {group.title}')}\n{body}{stated}"
 
 
 #: Format -> renderer of one table.
