@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from dihal_builtin.baselines.codar import CoDAR, register_baselines
+from dihal_builtin.baselines.codar import CoDAR, CoDARNoiseInput, register_baselines
 from dihal_builtin.baselines.common import CompactVocabulary
 
 from dihal_bench.budget import Budget
@@ -122,7 +122,7 @@ def test_sampling_options_report_the_decoder_knobs(llama_backbone, vocabulary):
     model = CoDAR(llama_backbone, BUDGET, **{**TINY, "temperature": 0.7, "top_p": 0.9})
     model.build(vocabulary)
     assert model.sampling_options() == {"steps": 10, "eta": 1.0, "temperature": 0.7, "top_p": 0.9,
-                                        "vocabulary_size": 12}
+                                        "vocabulary_size": 12, "decoder_input": "denoised"}
     assert CoDAR.token_sampling_options == ("temperature", "top_p")
 
 
@@ -137,7 +137,67 @@ def test_a_checkpoint_samples_at_another_temperature(trained, llama_backbone, tm
         CoDAR(llama_backbone, BUDGET, seed=0, **{**TINY, "negatives": 8}).load(tmp_path)
 
 
+# -- the noise-input control ------------------------------------------------------------
+
+
+@pytest.fixture
+def control(trained, llama_backbone, tmp_path) -> CoDARNoiseInput:
+    """The control row loaded from the trained CoDAR's checkpoint (decoder_input shapes sampling only)."""
+    trained[0].save(tmp_path)
+    loaded = CoDARNoiseInput(llama_backbone, BUDGET, seed=0, **TINY)
+    loaded.load(tmp_path)
+    assert loaded.sampling_options()["decoder_input"] == "noise"
+    return loaded
+
+
+def test_the_noise_input_decoder_reads_the_chains_starting_draw_and_samples_otherwise(trained, control,
+                                                                                      monkeypatch):
+    """The control's decoder reads exactly the x₁ ~ N(0, I) that CoDAR's chain of the same seed starts
+    from, and its samples differ from CoDAR's."""
+    read = []
+    generate = control.parts["decoder"].generate
+
+    def recording(memory, *args, **kwargs):
+        read.append(memory)
+        return generate(memory, *args, **kwargs)
+
+    monkeypatch.setattr(control.parts["decoder"], "generate", recording)
+    noise_samples = control.sample(4, 8, seed=5, batch_size=4)
+    x1 = torch.randn((4, 8, TINY["embed_dim"]), generator=torch.Generator().manual_seed(5))
+    assert len(read) == 1 and torch.equal(read[0], x1)
+    assert not torch.equal(noise_samples, trained[0].sample(4, 8, seed=5, batch_size=4))
+    assert torch.equal(noise_samples, control.sample(4, 8, seed=5, batch_size=4))  # same seed, same samples
+
+
+def test_the_noise_input_control_never_calls_the_denoiser(trained, control, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the denoiser was called")
+
+    for model in (control, trained[0]):
+        monkeypatch.setattr(model.parts["denoiser"], "forward", refuse)
+    assert control.sample(3, 8, seed=0).shape == (3, 8)
+    with pytest.raises(AssertionError, match="denoiser was called"):  # the patch does catch a call
+        trained[0].sample(3, 8, seed=0)
+
+
+def test_the_control_trains_the_same_weights_and_holds_to_its_input(llama_backbone, corpus):
+    """Same seed, same training, same weights: the control's decoder is CoDAR's own."""
+    short = BUDGET.replace(steps=4, epochs=4)
+    weights = []
+    for cls in (CoDAR, CoDARNoiseInput):
+        model = cls(llama_backbone, short, seed=0, **TINY)
+        model.fit(corpus, progress=False)
+        weights.append(model.module().state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    with pytest.raises(DihalError, match="decoder_input must be one of denoised, noise"):
+        CoDAR(llama_backbone, BUDGET, **TINY, decoder_input="zeros")
+    with pytest.raises(DihalError, match="noise-input control"):
+        CoDARNoiseInput(llama_backbone, BUDGET, **TINY, decoder_input="denoised")
+
+
 def test_registers_under_its_name():
     registered = {}
     register_baselines(register=lambda name, obj, **meta: registered.update({name: (obj, meta)}))
     assert registered["codar"][0] is CoDAR and registered["codar"][1]["description"]
+    assert registered["codar-noise-input"][0] is CoDARNoiseInput and CoDARNoiseInput.name == "codar-noise-input"

@@ -16,6 +16,7 @@ from dihal_builtin.baselines.common import (
 from dihal_builtin.baselines.ld4lg import (
     LD4LG,
     Compressor,
+    LD4LGNoiseInput,
     register_baselines,
     x0_from_v,
 )
@@ -156,7 +157,7 @@ def test_at_temperature_1_the_seed_decides_the_samples(trained, llama_backbone, 
     sampled = LD4LG(llama_backbone, BUDGET, seed=0, **{**TINY, "temperature": 1.0})
     sampled.load(tmp_path)
     assert sampled.sampling_options() == {"steps": 10, "eta": 1.0, "temperature": 1.0, "top_p": 1.0,
-                                          "vocabulary_size": 12}
+                                          "vocabulary_size": 12, "decoder_input": "denoised"}
     first = sampled.sample(8, 8, seed=11)
     assert torch.equal(first, sampled.sample(8, 8, seed=11))
     assert not torch.equal(first, sampled.sample(8, 8, seed=12))
@@ -186,6 +187,65 @@ def test_missing_checkpoint_and_overlong_samples_are_refused(trained, llama_back
         LD4LG(llama_backbone, BUDGET, **TINY).load(tmp_path)
     with pytest.raises(DihalError, match="positions for 8"):
         trained[0].sample(1, 9, seed=0)
+
+
+# -- the noise-input control ------------------------------------------------------------
+
+
+@pytest.fixture
+def control(trained, llama_backbone, tmp_path) -> LD4LGNoiseInput:
+    """The control row loaded from the trained LD4LG's checkpoint (decoder_input shapes sampling only)."""
+    trained[0].save(tmp_path)
+    loaded = LD4LGNoiseInput(llama_backbone, BUDGET, seed=0, **TINY)
+    loaded.load(tmp_path)
+    assert loaded.sampling_options()["decoder_input"] == "noise"
+    return loaded
+
+
+def test_the_noise_input_decoder_reads_the_chains_starting_draw_and_samples_otherwise(trained, control,
+                                                                                      monkeypatch):
+    """The control's decoder reads exactly the x₁ ~ N(0, I) that LD4LG's chain of the same seed starts
+    from, and its samples differ from LD4LG's."""
+    read = []
+    generate = control.parts["decoder"].generate
+
+    def recording(memory, *args, **kwargs):
+        read.append(memory)
+        return generate(memory, *args, **kwargs)
+
+    monkeypatch.setattr(control.parts["decoder"], "generate", recording)
+    noise_samples = control.sample(4, 8, seed=5, batch_size=4)
+    x1 = torch.randn((4, TINY["latents"], TINY["latent_dim"]), generator=torch.Generator().manual_seed(5))
+    assert len(read) == 1 and torch.equal(read[0], x1)
+    assert not torch.equal(noise_samples, trained[0].sample(4, 8, seed=5, batch_size=4))
+    assert torch.equal(noise_samples, control.sample(4, 8, seed=5, batch_size=4))  # same seed, same samples
+
+
+def test_the_noise_input_control_never_calls_the_denoiser(trained, control, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the denoiser was called")
+
+    for model in (control, trained[0]):
+        monkeypatch.setattr(model.parts["denoiser"], "forward", refuse)
+    assert control.sample(3, 8, seed=0).shape == (3, 8)
+    with pytest.raises(AssertionError, match="denoiser was called"):  # the patch does catch a call
+        trained[0].sample(3, 8, seed=0)
+
+
+def test_the_control_trains_the_same_weights_and_holds_to_its_input(llama_backbone, corpus):
+    """Same seed, same training, same weights: the control's decoder is LD4LG's own."""
+    short = BUDGET.replace(steps=4, epochs=4)
+    weights = []
+    for cls in (LD4LG, LD4LGNoiseInput):
+        model = cls(llama_backbone, short, seed=0, **TINY)
+        model.fit(corpus, progress=False)
+        weights.append(model.module().state_dict())
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    with pytest.raises(DihalError, match="decoder_input must be one of denoised, noise"):
+        LD4LG(llama_backbone, BUDGET, **TINY, decoder_input="zeros")
+    with pytest.raises(DihalError, match="noise-input control"):
+        LD4LGNoiseInput(llama_backbone, BUDGET, **TINY, decoder_input="denoised")
 
 
 # -- the contract's bookkeeping --------------------------------------------------------
@@ -226,3 +286,4 @@ def test_registers_under_its_name():
     registered = {}
     register_baselines(register=lambda name, obj, **meta: registered.update({name: (obj, meta)}))
     assert registered["ld4lg"][0] is LD4LG and registered["ld4lg"][1]["description"]
+    assert registered["ld4lg-noise-input"][0] is LD4LGNoiseInput and LD4LGNoiseInput.name == "ld4lg-noise-input"
