@@ -23,7 +23,7 @@ from dihal_bench.leaderboard import build_leaderboards, render
 from dihal_bench.leaderboard.aggregate import pareto_front
 from dihal_bench.leaderboard.page import SORT_SCRIPT
 from dihal_bench.leaderboard.render import format_cell, format_mean_std
-from dihal_bench.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
+from dihal_bench.study.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 

@@ -22,7 +22,7 @@ def leaderboard(results_dir, formats, out_dir):
 
     Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards`."""
     from dihal_bench.leaderboard import build_leaderboards
-    from dihal_bench.preflight import check_writable
+    from dihal_bench.study.preflight import check_writable
 
     if not Path(results_dir).is_dir():
         raise DihalError(f"no run records: {results_dir!r} is not a folder (run `dihal-bench run` first)")
@@ -39,8 +39,8 @@ def leaderboard(results_dir, formats, out_dir):
 def _check_model_args(model_args: str, trust_unverified: bool) -> None:
     """The backbone and bridge checkpoint that ``--model-args`` name, checked before lm-eval
     (seconds to import and index its tasks) and any model load; lm-eval parses the string itself."""
-    from dihal_bench.bridge_io import read_bridge_meta
-    from dihal_bench.preflight import check_backbone_name
+    from dihal_bench.hybrid.checkpoint import read_bridge_meta
+    from dihal_bench.study.preflight import check_backbone_name
 
     pairs = parse_assignments([part for part in model_args.split(",") if part.strip()], "--model-args")
     if "backbone" in pairs:
@@ -66,7 +66,7 @@ def _check_model_args(model_args: str, trust_unverified: bool) -> None:
 def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified):
     """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
     from dihal_bench import lm_eval as lm_eval_adapter
-    from dihal_bench.preflight import check_writable
+    from dihal_bench.study.preflight import check_writable
 
     if bool(model_args) == bool(record_path):
         raise DihalError("give either --model-args or --record with --method")
@@ -78,7 +78,7 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         if not method:
             raise DihalError("--record needs --method: the record's intact-backbone baseline, or dihal-chosen, "
                              "dihal-worst or dihal-oracle")
-        from dihal_bench.records import load_record
+        from dihal_bench.study.records import load_record
 
         record = load_record(Path(record_path))
         model_args, seed = lm_eval_adapter.model_args_from_record(record, method, seed)

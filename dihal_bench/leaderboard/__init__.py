@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from dihal_bench.base.files import write_bytes_atomic
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
 from dihal_bench.leaderboard.page import render_page
 from dihal_bench.leaderboard.plot import plots
 from dihal_bench.leaderboard.read import read_groups
-from dihal_bench.records import write_bytes_atomic
 
 __all__ = ["build_leaderboards"]
 
