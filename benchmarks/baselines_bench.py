@@ -21,17 +21,16 @@ from __future__ import annotations
 import common
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import (
+from dihal_bench.hybrid.model import HybridLM
+from dihal_bench.hybrid.training import (
     packed_split,
     train_bridge,
     training_subset,
     with_states,
 )
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.hybrid import HybridLM
-from dihal_bench.plugins import get_registry
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 DIHAL = "dihal"
 BASELINES = ("diffusion-lm", "sed", "ld4lg", "codar", "ar-backbone")

@@ -31,19 +31,18 @@ import torch
 from dihal_builtin.bridge import DihalBridge
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
-from dihal_bench.bridge_training import (
+from dihal_bench.api.sampling import sample_next_token
+from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, read_bridge_meta
+from dihal_bench.hybrid.evaluation import teacher_forced_nll
+from dihal_bench.hybrid.model import HybridLM, intact_control, skip_control
+from dihal_bench.hybrid.training import (
     packed_split,
     train_bridge,
     training_subset,
     with_states,
 )
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.evaluation import teacher_forced_nll
-from dihal_bench.hybrid import HybridLM, intact_control, skip_control
-from dihal_bench.sampling import sample_next_token
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 DEFAULT_LAYER = 3
 TARGET_RATIO = 1.2  # hybrid / backbone decode time per token, at the K the suite samples with

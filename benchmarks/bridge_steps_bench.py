@@ -32,19 +32,18 @@ import torch
 from dihal_builtin.bridge import SAMPLER_STEPS, PositionNoise, reverse_bridge
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
-from dihal_bench.bridge_training import (
+from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint
+from dihal_bench.hybrid.evaluation import bridge_reconstruction, hybrid_against_backbone
+from dihal_bench.hybrid.model import HybridLM
+from dihal_bench.hybrid.training import (
     packed_split,
     train_bridge,
     training_subset,
     validation_subset,
     with_states,
 )
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.evaluation import bridge_reconstruction, hybrid_against_backbone
-from dihal_bench.hybrid import HybridLM
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 DEFAULT_LAYER = 3
 #: the samplers whose result depends on the noise seed

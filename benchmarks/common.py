@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dihal_bench.bridge_training import BridgeSpec
-from dihal_bench.budget import Budget
-from dihal_bench.provenance import environment
-from dihal_bench.records import write_json_atomic
-from dihal_bench.suite import resolve_suite
-from dihal_bench.suite_config import SuiteConfig
+from dihal_bench.base.files import write_json_atomic
+from dihal_bench.base.provenance import environment
+from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.config.suite import resolve_suite
+from dihal_bench.hybrid.training import BridgeSpec
+from dihal_bench.training.budget import Budget
 
 
 def parser(docstring: str) -> argparse.ArgumentParser:

@@ -29,23 +29,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from pathlib import Path
 
 import common
 import torch
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import packed_split, training_subset
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
+from dihal_bench.api.metrics import MetricContext, SampleSet
+from dihal_bench.api.references import (
+    held_out_windows,
+    unigram_distribution,
+    unigram_samples,
+)
+from dihal_bench.api.sampling import special_ids
+from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plugins import get_registry
-from dihal_bench.records import write_json_atomic
-from dihal_bench.references import held_out_windows, unigram_distribution, unigram_samples
-from dihal_bench.sampling import special_ids
+from dihal_bench.hybrid.training import packed_split, training_subset
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "diagnose_baselines.json"
 #: times t of the one-step x0-estimates whose read-out accuracy is measured
@@ -134,7 +136,11 @@ def clean_and_noised(model, ids: torch.Tensor, generator: torch.Generator) -> to
 @torch.no_grad()
 def probe(model, windows: torch.Tensor, train_unigram_compact: torch.Tensor, seed: int) -> dict:
     """Read-out accuracy on clean rows and on one-step x0-estimates (see the module docstring)."""
-    from dihal_builtin.baselines.schedules import cosine_alpha_bar, noised, sqrt_alpha_bar
+    from dihal_builtin.baselines.schedules import (
+        cosine_alpha_bar,
+        noised,
+        sqrt_alpha_bar,
+    )
 
     model.module().eval()
     vocabulary = model.built()

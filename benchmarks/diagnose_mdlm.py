@@ -28,16 +28,15 @@ import torch
 from dihal_builtin.baselines.mdlm import diffusion_times
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import packed_split, training_subset
-from dihal_bench.corpus import load_corpus
+from dihal_bench.api.references import held_out_windows
+from dihal_bench.base.files import write_json_atomic
+from dihal_bench.config.suite import resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.markov import UNKNOWN
-from dihal_bench.plugins import get_registry
-from dihal_bench.protocol import matched_budget
-from dihal_bench.records import write_json_atomic
-from dihal_bench.references import held_out_windows
-from dihal_bench.suite import resolve_suite
+from dihal_bench.hybrid.training import packed_split, training_subset
+from dihal_bench.numerics.markov import UNKNOWN
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.study.protocol import matched_budget
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "diagnose_mdlm.json"
 #: mask rates of the probe

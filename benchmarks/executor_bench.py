@@ -22,8 +22,8 @@ from pathlib import Path
 import common
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import (
+from dihal_bench.config.suite import apply_overrides
+from dihal_bench.hybrid.training import (
     bridge_windows,
     packed_split,
     train_bridge,
@@ -31,11 +31,10 @@ from dihal_bench.bridge_training import (
     training_subset,
     with_states,
 )
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.executors import make_executor
-from dihal_bench.runner import run_suite
-from dihal_bench.suite import apply_overrides
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.study.executors import make_executor
+from dihal_bench.study.runner import run_suite
+from dihal_bench.training.budget import Budget
 
 
 def sweep_suite(quick: bool, seed: int):

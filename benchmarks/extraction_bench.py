@@ -22,10 +22,14 @@ import common
 import torch
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import packed_split
-from dihal_bench.corpus import load_corpus, pack, tokenize_documents
-from dihal_bench.hidden import extract_layers, extract_sampled, sample_positions
+from dihal_bench.api.corpus import pack, tokenize_documents
+from dihal_bench.hybrid.training import packed_split
+from dihal_bench.locate.hidden_states import (
+    extract_layers,
+    extract_sampled,
+    sample_positions,
+)
+from dihal_bench.registry.resolve import load_backbone, load_corpus
 
 LAYERS = [1, 3, 12, 29]
 SLACK = 0.1  # share of a full pass allowed for the depth-independent work

@@ -16,12 +16,12 @@ import time
 import common
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.corpus import load_corpus, pack, tokenize_documents
-from dihal_bench.geometry import evaluate_proxies
-from dihal_bench.hidden import extract_sampled, sample_positions
-from dihal_bench.locate import resolve_proxies
-from dihal_bench.suite import DIHAL_PROXIES
+from dihal_bench.api.corpus import pack, tokenize_documents
+from dihal_bench.locate.defaults import DIHAL_PROXIES
+from dihal_bench.locate.geometry import evaluate_proxies
+from dihal_bench.locate.hidden_states import extract_sampled, sample_positions
+from dihal_bench.locate.pipeline import resolve_proxies
+from dihal_bench.registry.resolve import load_backbone, load_corpus
 
 TARGET_RATIO = 1.5
 

@@ -27,13 +27,12 @@ from pathlib import Path
 import common
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import packed_split, training_subset
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.plugins import get_registry
-from dihal_bench.runner import WARM_UP_TOKENS
-from dihal_bench.suite import resolve_suite
+from dihal_bench.config.suite import resolve_suite
+from dihal_bench.hybrid.training import packed_split, training_subset
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.study.runner import WARM_UP_TOKENS
+from dihal_bench.training.budget import Budget
 
 RIVALS = ("ar-lora", "ar2diff-lora")
 

@@ -24,12 +24,11 @@ import common
 import torch
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.locate import LocateConfig, locate
-from dihal_bench.suite import resolve_suite
-from dihal_bench.sweep import run_sweep
+from dihal_bench.config.suite import resolve_suite
+from dihal_bench.hybrid.sweep import run_sweep
+from dihal_bench.locate.pipeline import LocateConfig, locate
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 
 def peak_gib(device: str) -> float | None:

@@ -20,11 +20,10 @@ import baselines_bench
 import common
 from tabulate import tabulate
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.bridge_training import packed_split, training_subset
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.plugins import get_registry
+from dihal_bench.hybrid.training import packed_split, training_subset
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.training.budget import Budget
 
 RIVALS = ("mdlm", "ar-scratch")
 

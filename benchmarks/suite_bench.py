@@ -7,7 +7,7 @@ record it writes. Prints each stage's seconds, its share of the total and its se
 seed, the time outside the stages, and the slowest stage. Models load lazily, inside the
 first stage that needs them (usually locate).
 
-Stages are the plan's (``dihal_bench.plan``: locate, targets, sweep, dihal, controls,
+Stages are the plan's (``dihal_bench.study.plan``: locate, targets, sweep, dihal, controls,
 references, baselines, steps, metrics, latency), as the record's ``timings`` names them. Jobs
 a run found already finished cost close to nothing, so a resumed run's record understates them.
 """

@@ -27,7 +27,11 @@ from transformers import (
 )
 
 from dihal_bench.errors import DihalError
-from dihal_bench.plugins import get_registry, register_plugin, unregister_plugin
+from dihal_bench.registry.plugins import (
+    get_registry,
+    register_plugin,
+    unregister_plugin,
+)
 
 #: the tiny models' vocabulary; the tokenizer uses ids 0..102 of it
 TINY_VOCAB = 128
@@ -188,3 +192,55 @@ def text_dir(tmp_path_factory) -> Path:
     for i in range(60):
         (directory / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(100)))
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_suite_file(tmp_path_factory, tiny_model_dir) -> Path:
+    """A whole suite (every stage, every method kind) on a tiny random-weight model and an 80-document
+    word-salad corpus: seconds per stage."""
+    root = tmp_path_factory.mktemp("suite")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    rng = random.Random(1)
+    for i in range(80):
+        (corpus / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(60)))
+    suite = root / "tiny.toml"
+    suite.write_text(f'''
+description = "tiny end-to-end suite for tests"
+backbone = "{tiny_model_dir}"
+corpus = "{corpus}"
+evaluator = "{tiny_model_dir}"
+seeds = [0]
+[locate]
+tokens = 200
+seq_len = 32
+proxies = ["global_monotonicity", "effective_rank"]
+[sweep]
+layers = "auto"
+count = 3
+eval_sequences = 4
+budget = {{ steps = 4, batch_size = 4, seq_len = 16 }}
+[budget]
+steps = 6
+batch_size = 4
+seq_len = 16
+[bridge]
+options = {{ d_model = 32, layers = 1, heads = 2 }}
+sample_steps = 2
+steps_axis = [1, 2]
+[methods]
+dihal = ["chosen", "worst", "oracle"]
+controls = ["skip", "regressor"]
+references = ["unigram", "human"]
+baselines = ["ar-backbone"]
+[sampling]
+samples = 4
+seq_len = 8
+batch_size = 2
+[metrics]
+names = ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
+mauve = false
+min_valid = 1
+latency_repeats = 1
+''')
+    return suite

@@ -1,7 +1,7 @@
 """The training runs of tests/test_training_ddp.py, and the script its launcher runs on each process.
 
 Run as ``torchrun --nproc_per_node 2 tests/ddp_worker.py OUT PART`` (see :func:`main`): every process
-trains data-parallel through ``dihal_bench.training.train`` and writes its final weights and losses to
+trains data-parallel through ``dihal_bench.training.loop.train`` and writes its final weights and losses to
 ``OUT/{name}.rank{r}.safetensors`` and ``.json``. Imported by the test, the same builders give the
 one-process references.
 """
@@ -17,10 +17,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from dihal_bench.bridge import build_bridge, training_loss
-from dihal_bench.budget import Budget
+from dihal_bench.api.bridge import training_loss
 from dihal_bench.errors import DihalError
-from dihal_bench.training import train
+from dihal_bench.registry.resolve import build_bridge
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import train
 
 #: 8 steps of a global batch of 8 (4 rows per process with 2): 64 draws from 32 windows over 2 epochs
 BUDGET = Budget(steps=8, batch_size=8, seq_len=6, lr=3e-3, warmup_frac=0.25, epochs=2, checkpoint_every=2)

@@ -12,14 +12,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dihal_bench import hookimpl
-
 import pytest
 from click.testing import CliRunner
 
+from dihal_bench import hookimpl
 from dihal_bench.cli import cli
-from dihal_bench.plugins import register_plugin, unregister_plugin
-from dihal_bench.records import seal_record
+from dihal_bench.registry.plugins import register_plugin, unregister_plugin
+from dihal_bench.study.records import seal_record
 
 
 def _boom(*args, **options):

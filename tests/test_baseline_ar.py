@@ -11,10 +11,10 @@ import torch
 from dihal_builtin.baselines.ar_backbone import ARBackbone, register_baselines
 from dihal_builtin.hf_backbone import HFBackbone
 
-from dihal_bench.baseline import CONFIG_FILE
-from dihal_bench.budget import Budget
+from dihal_bench.api.baseline import CONFIG_FILE
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 BUDGET = Budget(steps=10, batch_size=4, seq_len=12, param_allowance=1_000)
 

@@ -25,10 +25,10 @@ from dihal_builtin.baselines.ar2diff_lora import (
 from dihal_builtin.hf_backbone import HFBackbone
 from safetensors.torch import load_file
 
-from dihal_bench.baseline import WEIGHTS_FILE
-from dihal_bench.budget import Budget
+from dihal_bench.api.baseline import WEIGHTS_FILE
+from dihal_bench.api.sampling import special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import special_ids
+from dihal_bench.training.budget import Budget
 
 SENTENCE = "the cat sat on"  # 14 characters, 14 tokens of the character tokenizer
 PROBE = torch.tensor([[3 + i for i in range(0, 60, 3)], [90 - i for i in range(20)]])

@@ -17,11 +17,11 @@ from dihal_builtin.baselines.lora import (
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dihal_bench.baseline import WEIGHTS_FILE
-from dihal_bench.budget import Budget
+from dihal_bench.api.baseline import WEIGHTS_FILE
+from dihal_bench.api.sampling import special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import special_ids
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCE = "the cat sat on the mat"  # 22 characters, 22 tokens of the character tokenizer
 # the tiny Llama's LoRA count per unit of rank: per layer q 32+32, k 32+16, v 32+16, o 32+32,

@@ -12,9 +12,9 @@ from dihal_builtin.baselines.ar_scratch import ARScratch, CausalLM, register_bas
 from dihal_builtin.baselines.common import CompactVocabulary
 from torch import nn
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCE = "cats run"  # 8 characters: 8 tokens of the character tokenizer, all distinct
 TINY = {"d_model": 32, "layers": 2, "heads": 2}

@@ -10,9 +10,9 @@ import torch
 from dihal_builtin.baselines.codar import CoDAR, CoDARNoiseInput, register_baselines
 from dihal_builtin.baselines.common import CompactVocabulary
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each
 # temperature 0: the decoder is then a function of the denoised sequence, so which sentence comes

@@ -7,15 +7,15 @@ import math
 
 import pytest
 import torch
-from torch import Tensor
-from tqdm.auto import tqdm
 from dihal_builtin.baselines.common import CompactVocabulary
 from dihal_builtin.baselines.diffusion_lm import DiffusionLM, register_baselines
 from dihal_builtin.baselines.schedules import noised, reverse_step, sqrt_alpha_bar
+from torch import Tensor
+from tqdm.auto import tqdm
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = {"embed_dim": 8, "d_model": 32, "layers": 2, "heads": 2}

@@ -22,9 +22,9 @@ from dihal_builtin.baselines.ld4lg import (
 )
 from dihal_builtin.baselines.schedules import noised
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCES = ["cats nap", "dogs run"]  # 8 characters, 8 tokens each, 12 distinct
 # temperature 0: the decoder is then a function of the latents, so which sentence comes out is decided

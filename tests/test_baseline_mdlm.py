@@ -22,10 +22,10 @@ from dihal_builtin.baselines.mdlm import (
     token_probabilities,
 )
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.markov import MarkovChain
-from dihal_bench.training import count_trainable
+from dihal_bench.numerics.markov import MarkovChain
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCE = "cats run"  # 8 characters: 8 tokens of the character tokenizer, all distinct
 TINY = {"d_model": 32, "layers": 2, "heads": 2, "steps": 16}

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import Tensor
 from dihal_builtin.baselines.common import CompactVocabulary, pca_embeddings
 from dihal_builtin.baselines.schedules import cosine_alpha_bar, reverse_step
 from dihal_builtin.baselines.sed import SED, register_baselines
+from torch import Tensor
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import count_trainable
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import count_trainable
 
 SENTENCES = ["cats run", "dogs sit"]  # 8 characters: 8 tokens of the character tokenizer
 TINY = {"embed_dim": 8, "d_model": 32, "layers": 2, "heads": 2}

@@ -13,15 +13,15 @@ from dihal_builtin.bridge import (
 )
 from safetensors.torch import load_file, save_file
 
-from dihal_bench.bridge import (
+from dihal_bench.api.bridge import (
     HiddenStateBridge,
     SampleCache,
     masked_moments,
     training_loss,
 )
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.training import train
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import train
 
 D, T = 8, 12
 

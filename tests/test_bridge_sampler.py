@@ -20,9 +20,9 @@ from dihal_builtin.bridge import (
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench.errors import DihalError
-from dihal_bench.evaluation import bridge_reconstruction
-from dihal_bench.hybrid import HybridLM
-from dihal_bench.markov import MarkovChain, bridge_oracle
+from dihal_bench.hybrid.evaluation import bridge_reconstruction
+from dihal_bench.hybrid.model import HybridLM
+from dihal_bench.numerics.markov import MarkovChain, bridge_oracle
 
 D, T, SIGMA = 8, 12, 0.5
 NOISY = ("ddim", "ancestral")
@@ -263,7 +263,7 @@ ORACLE_STEPS = (1, 4, 32)
 
 class OracleBridge(DihalBridge):
     """DiHAL's sampler, unchanged, with the exact E[x₀ | x_t] in place of the network: x₀'s rows
-    are the chain's states written as rows of ``table`` (dihal_bench.markov.bridge_oracle)."""
+    are the chain's states written as rows of ``table`` (dihal_bench.numerics.markov.bridge_oracle)."""
 
     def __init__(self, chain, table: torch.Tensor, **options):
         super().__init__(ORACLE_WIDTH, d_model=8, layers=1, heads=2, sigma=SIGMA, **options)
@@ -325,6 +325,6 @@ def test_with_the_oracle_the_mean_sampler_collapses_to_one_sequence(oracle_runs)
 
 def test_the_suite_knows_every_sampler_of_the_bridge():
     # a suite's bridge.steps_axis_samplers is checked against this list before any model loads
-    from dihal_bench.suite import BRIDGE_SAMPLERS
+    from dihal_bench.config.suite import BRIDGE_SAMPLERS
 
     assert BRIDGE_SAMPLERS == tuple(SAMPLER_STEPS)

@@ -9,8 +9,8 @@ from click.testing import CliRunner, Result
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench import __version__, hookimpl
+from dihal_bench.api.corpus import SPLITS
 from dihal_bench.cli import cli
-from dihal_bench.corpus import SPLITS
 
 BUILTINS = {("backbone", "smollm2-135m"), ("backbone", "gemma3-270m"), ("backbone", "hf"), ("corpus", "stdlib-docs")}
 

@@ -19,17 +19,17 @@ from dihal_builtin.corpora import (
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-import dihal_bench.corpus as corpus_module
-from dihal_bench.corpus import (
+import dihal_bench.api.corpus as corpus_module
+from dihal_bench.api.corpus import (
     Corpus,
     Document,
-    load_corpus,
     pack,
     split_of,
     split_stats,
     tokenize_documents,
 )
 from dihal_bench.errors import DihalError
+from dihal_bench.registry.resolve import load_corpus
 
 
 class ListCorpus(Corpus):

@@ -19,8 +19,8 @@ from dihal_builtin.hf_backbone import HFBackbone
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from dihal_bench.cache import cache_root
-from dihal_bench.conformance import check_backbone
+from dihal_bench.api.conformance import check_backbone
+from dihal_bench.base.cache import cache_root
 from dihal_bench.errors import DihalError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -12,16 +12,9 @@ import torch.nn.functional as F
 from dihal_builtin.bridge import DihalBridge
 from dihal_builtin.hf_backbone import HFBackbone
 
-from dihal_bench.bridge import HiddenStateBridge, training_loss
-from dihal_bench.bridge_training import (
-    BridgeSpec,
-    SplitTensors,
-    evaluate_layer,
-    validation_subset,
-)
-from dihal_bench.budget import Budget
+from dihal_bench.api.bridge import HiddenStateBridge, training_loss
 from dihal_bench.errors import DihalError
-from dihal_bench.evaluation import (
+from dihal_bench.hybrid.evaluation import (
     backbone_log_probs,
     bridge_reconstruction,
     hybrid_against_backbone,
@@ -29,8 +22,15 @@ from dihal_bench.evaluation import (
     steps_axis,
     teacher_forced_nll,
 )
-from dihal_bench.hybrid import HybridLM, OracleBridge, skip_control
-from dihal_bench.training import train
+from dihal_bench.hybrid.model import HybridLM, OracleBridge, skip_control
+from dihal_bench.hybrid.training import (
+    BridgeSpec,
+    SplitTensors,
+    evaluate_layer,
+    validation_subset,
+)
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import train
 
 FAMILIES = ("llama", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)
@@ -113,7 +113,7 @@ def test_the_backbone_pass_is_memoised_across_hybrids_and_recomputed_for_new_win
 
 
 def test_log_probabilities_over_the_memory_bound_are_recomputed_with_the_same_numbers(backbone, monkeypatch):
-    from dihal_bench import evaluation
+    from dihal_bench.hybrid import evaluation
 
     ids = random_ids(4, 10, seed=11)
     memoised = hybrid_against_backbone(backbone, skip_control(backbone, 1), ids, 3)

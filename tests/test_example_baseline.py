@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dihal_bench.budget import Budget
 from dihal_bench.errors import DihalError
-from dihal_bench.markov import MarkovChain
-from dihal_bench.plugins import get_registry
+from dihal_bench.numerics.markov import MarkovChain
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.training.budget import Budget
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "plugins" / "examples" / "dihal-bench-ngram"
 BUDGET = Budget(steps=1, batch_size=1, seq_len=64)

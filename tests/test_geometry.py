@@ -9,7 +9,7 @@ import torch
 from dihal_builtin import proxies as builtin
 
 from dihal_bench.errors import DihalError
-from dihal_bench.geometry import (
+from dihal_bench.locate.geometry import (
     channel_shares,
     check_finite,
     choose_layer,

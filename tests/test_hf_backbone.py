@@ -13,9 +13,9 @@ import torch
 from dihal_builtin.hf_backbone import HFBackbone, resolve_dtype
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from dihal_bench.backbone import load_backbone
-from dihal_bench.conformance import check_backbone
+from dihal_bench.api.conformance import check_backbone
 from dihal_bench.errors import DihalError
+from dihal_bench.registry.resolve import load_backbone
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)

@@ -12,15 +12,15 @@ from dihal_builtin.hf_backbone import HFBackbone
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from dihal_bench.api.sampling import sample_next_token, special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import (
+from dihal_bench.hybrid.model import (
     HybridLM,
     OracleBridge,
     intact_control,
     skip_control,
     start_token_id,
 )
-from dihal_bench.sampling import sample_next_token, special_ids
 
 FAMILIES = ("llama", "qwen3", "gemma3")
 VOCAB = 128  # the tiny models' (conftest.py)

@@ -22,20 +22,19 @@ from dihal_builtin.bridge import DihalBridge
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint
-from dihal_bench.budget import Budget
-from dihal_bench.errors import DihalError
-from dihal_bench.jobs import RESULT, JobStore
-from dihal_bench.lm_eval import attach_to_record, model_args_from_record
-from dihal_bench.records import (
-    RECORD_FORMAT_V1,
+from dihal_bench.base.files import (
     atomic_path,
     current_umask,
-    load_record,
     write_json_atomic,
     write_text_atomic,
 )
-from dihal_bench.training import train
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint
+from dihal_bench.lm_eval import attach_to_record, model_args_from_record
+from dihal_bench.study.jobs import RESULT, JobStore
+from dihal_bench.study.records import RECORD_FORMAT_V1, load_record
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -159,7 +158,7 @@ def test_a_result_written_without_integrity_record_is_redone(finished_job, capsy
 HOLDER = """
 import sys, time
 from pathlib import Path
-from dihal_bench.jobs import JobStore
+from dihal_bench.study.jobs import JobStore
 with JobStore(Path(sys.argv[1])).lock():
     print("holding", flush=True)
     time.sleep(120)

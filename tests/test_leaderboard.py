@@ -24,7 +24,7 @@ from dihal_bench.leaderboard import build_leaderboards, render
 from dihal_bench.leaderboard.aggregate import pareto_front
 from dihal_bench.leaderboard.page import SORT_SCRIPT
 from dihal_bench.leaderboard.render import format_cell, format_mean_std
-from dihal_bench.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
+from dihal_bench.study.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 
@@ -404,7 +404,7 @@ def test_valid_sample_counts_and_a_metrics_interval_become_method_columns(tmp_pa
 
 
 def test_partial_rho_is_tested_pooled_over_seeds_with_its_power_statement(tmp_path):
-    from dihal_bench.stats import Stratum, stratified_rank_test
+    from dihal_bench.numerics.stats import Stratum, stratified_rank_test
 
     results = tmp_path / "results"
     results.mkdir()

@@ -26,9 +26,8 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 import dihal_bench  # noqa: E402
-from dihal_bench.bridge_io import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
-from dihal_bench.corpus import load_corpus  # noqa: E402
 from dihal_bench.errors import DihalError  # noqa: E402
+from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
 from dihal_bench.lm_eval import (  # noqa: E402
     INSTALL_HINT,
     DihalLM,
@@ -37,6 +36,7 @@ from dihal_bench.lm_eval import (  # noqa: E402
     model_args_from_record,
     run_lm_eval,
 )
+from dihal_bench.registry.resolve import load_corpus  # noqa: E402
 
 CONTEXT = 64  # the tiny model's positions: texts below are longer, so rolling needs several windows
 EOS = 1  # the character tokenizer's (conftest.py); it has no BOS, so EOS is the prefix token
@@ -262,7 +262,7 @@ def test_unsupported_generation_option_is_refused(backbone):
 
 
 def test_oracle_hybrid_gives_the_backbone_numbers(backbone):
-    from dihal_bench.hybrid import OracleBridge
+    from dihal_bench.hybrid.model import OracleBridge
 
     pairs = [("The cat", " sat on"), ("", "a mat")]
     intact = lm(backbone)
@@ -298,7 +298,7 @@ def test_bridge_checkpoint_round_trip_and_model_args(tmp_path, backbone, char_to
     model = DihalLM.create_from_arg_obj({"backbone": backbone, "bridge": str(tmp_path / "ckpt"), "steps": 2},
                                         {"batch_size": 2, "device": None})
     assert model.max_length == 48  # the bridge's positions, below the backbone's 64
-    from dihal_bench.hybrid import HybridLM
+    from dihal_bench.hybrid.model import HybridLM
 
     text = "bridged text"
     expected = torch.log_softmax(HybridLM(backbone, bridge, 1, steps=2).logits(torch.tensor([[EOS] + ids(char_tokenizer, text)]))[0, :-1], -1)

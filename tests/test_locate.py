@@ -12,9 +12,15 @@ import numpy as np
 import pytest
 from dihal_builtin.hf_backbone import HFBackbone
 
-from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.locate import LocateConfig, locate, summary_lines, table_rows, write_outputs
+from dihal_bench.locate.pipeline import (
+    LocateConfig,
+    locate,
+    summary_lines,
+    table_rows,
+    write_outputs,
+)
+from dihal_bench.registry.resolve import load_corpus
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_PLUGIN = REPO / "plugins" / "examples" / "dihal-bench-spectral-gap"

@@ -1,4 +1,4 @@
-"""Memory-mapped safetensors (dihal_bench.mapped): the tensors load_file gives, as views of the
+"""Memory-mapped safetensors (dihal_bench.base.mapped): the tensors load_file gives, as views of the
 file rather than copies, never written back, and a damaged file named in one error."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dihal_bench.base.mapped import map_safetensors
 from dihal_bench.errors import DihalError
-from dihal_bench.mapped import map_safetensors
 
 
 def saved(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:

@@ -11,11 +11,18 @@ import math
 
 import pytest
 import torch
-from dihal_builtin.markov import DEFAULT_WEIGHTS, WORDS, MarkovCorpus, markov_corpus, parse_reference
+from dihal_builtin.markov import (
+    DEFAULT_WEIGHTS,
+    WORDS,
+    MarkovCorpus,
+    markov_corpus,
+    parse_reference,
+)
 
-from dihal_bench.corpus import Corpus, Document, load_corpus
+from dihal_bench.api.corpus import Corpus, Document
+from dihal_bench.api.metrics import MetricContext, SampleSet
 from dihal_bench.errors import DihalError
-from dihal_bench.markov import (
+from dihal_bench.numerics.markov import (
     DEFAULT_SMOOTHING,
     UNKNOWN,
     MarkovChain,
@@ -24,8 +31,8 @@ from dihal_bench.markov import (
     gaussian_log_likelihood,
     oracle_x0,
 )
-from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.plugins import get_registry
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import load_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -372,13 +379,13 @@ def test_a_metric_on_another_corpus_is_a_one_line_error():
 def test_the_runner_hands_the_runs_corpus_to_the_metrics():
     from types import SimpleNamespace
 
-    from dihal_bench import runner
+    from dihal_bench.study.stages.metrics import compute_named_metrics
 
     corpus = markov_corpus(SMALL)
     settings = SimpleNamespace(max_length=1024, min_valid=1, mauve_bootstrap=0)
     run = SimpleNamespace(evaluator=None, corpus=corpus, config=SimpleNamespace(metrics=settings))
     text = corpus.documents()[0].text
-    values = runner.compute_named_metrics(run, "m", samples_of([text]), [], 0, ["markov_forbidden"])
+    values = compute_named_metrics(run, "m", samples_of([text]), [], 0, ["markov_forbidden"])
     assert values["markov_forbidden"] == 0.0 and values["markov_forbidden_transitions"] == 29
 
 

@@ -17,10 +17,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dihal_bench import hookspecs
-from dihal_bench.errors import DihalError
-from dihal_bench.memo import LastResult
-from dihal_bench.metrics import (
+from dihal_bench.api.metrics import (
     MetricContext,
     PrefixFeatures,
     SampleSet,
@@ -29,6 +26,9 @@ from dihal_bench.metrics import (
     invalid_reason,
     prefix_features,
 )
+from dihal_bench.base.memo import LastResult
+from dihal_bench.errors import DihalError
+from dihal_bench.registry import hookspecs
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away", "and", "then", "it", "slept", "under",
          "tree", "sun", "moon", "star", "red", "blue", "green"]

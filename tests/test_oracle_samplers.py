@@ -33,8 +33,13 @@ from dihal_builtin.baselines.schedules import cosine_alpha_bar, sqrt_alpha_bar
 from dihal_builtin.baselines.sed import SED
 from torch import Tensor, nn
 
-from dihal_bench.budget import Budget
-from dihal_bench.markov import DEFAULT_SMOOTHING, MarkovChain, ddpm_oracle, oracle_x0
+from dihal_bench.numerics.markov import (
+    DEFAULT_SMOOTHING,
+    MarkovChain,
+    ddpm_oracle,
+    oracle_x0,
+)
+from dihal_bench.training.budget import Budget
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

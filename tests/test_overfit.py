@@ -21,12 +21,12 @@ from dihal_builtin.baselines.ld4lg import LD4LG
 from dihal_builtin.baselines.sed import SED
 from dihal_builtin.bridge import DihalBridge
 
-from dihal_bench.bridge import training_loss
-from dihal_bench.bridge_training import SplitTensors
-from dihal_bench.budget import Budget
-from dihal_bench.evaluation import bridge_reconstruction, hybrid_against_backbone
-from dihal_bench.hybrid import HybridLM, intact_control, skip_control
-from dihal_bench.training import train
+from dihal_bench.api.bridge import training_loss
+from dihal_bench.hybrid.evaluation import bridge_reconstruction, hybrid_against_backbone
+from dihal_bench.hybrid.model import HybridLM, intact_control, skip_control
+from dihal_bench.hybrid.training import SplitTensors
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import train
 
 WINDOW = 16  # tokens (characters) of the one window
 COPIES = 8  # the training set: the window, this many times

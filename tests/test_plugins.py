@@ -19,18 +19,17 @@ from click.testing import CliRunner
 from dihal_builtin.baselines.ar_backbone import ARBackbone
 
 from dihal_bench import __version__, hookimpl
-from dihal_bench.backbone import backbone_factory, load_backbone
-from dihal_bench.baseline import Baseline
+from dihal_bench.api.baseline import Baseline
 from dihal_bench.cli import cli
-from dihal_bench.corpus import corpus_factory
 from dihal_bench.errors import DihalError
-from dihal_bench.plugins import (
+from dihal_bench.registry.plugins import (
     GROUP,
     PluginFailure,
     build_registry,
     get_registry,
     unregister_plugin,
 )
+from dihal_bench.registry.resolve import backbone_factory, corpus_factory, load_backbone
 
 DIHAL_BENCH = Path(sys.executable).with_name("dihal-bench")
 
@@ -273,13 +272,13 @@ BROKEN_REGISTRATIONS = {
         "metric 'spread-metric': higher_is_better='yes' is not True, False or None (no better direction)"),
     "unknown key with no close match": (
         "register_metrics", ("spread-metric", spread, {"colour": "red"}),
-        "metric 'spread-metric': unknown meta key 'colour' (allowed: higher_is_better, display_name, description)"),
+        "metric 'spread-metric': unknown meta key 'colour' (allowed: higher_is_better, display_name, description, default)"),
     "baseline factory instead of a class": (
         "register_baselines", ("made", make_baseline, {}),
         "baseline 'made': make_baseline is not a class: a baseline registers its Baseline subclass itself"),
     "baseline not a Baseline": (
         "register_baselines", ("not-a-baseline", NotABaseline, {}),
-        "baseline 'not-a-baseline': class NotABaseline is not a subclass of dihal_bench.baseline.Baseline"),
+        "baseline 'not-a-baseline': class NotABaseline is not a subclass of dihal_bench.api.baseline.Baseline"),
     "baseline with another name": (
         "register_baselines", ("ar-other", RenamedAR, {}),
         "baseline 'ar-other': class RenamedAR has name 'ar-renamed', not the registered 'ar-other'"),

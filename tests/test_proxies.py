@@ -9,7 +9,7 @@ from dihal_builtin import proxies
 from dihal_builtin.proxies import _nearest
 
 from dihal_bench.errors import DihalError
-from dihal_bench.geometry import preprocess, takes_layer
+from dihal_bench.locate.geometry import preprocess, takes_layer
 
 
 def gaussian(n: int, scales, seed: int = 0) -> torch.Tensor:

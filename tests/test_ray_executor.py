@@ -17,14 +17,17 @@ from types import SimpleNamespace
 import pytest
 from test_runner import run_cli, tiny_suite  # noqa: F401  (tiny_suite: the fixture of a tiny suite)
 
+from dihal_bench.config.suite import apply_overrides, resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.executors import Item, LocalExecutor, make_executor
-from dihal_bench.plan import Unit
-from dihal_bench.runner import Run, method_row, run_suite
-from dihal_bench.suite import apply_overrides, resolve_suite
+from dihal_bench.study.executors import Item, LocalExecutor, make_executor
+from dihal_bench.study.plan import Unit
+from dihal_bench.study.progress import Progress
+from dihal_bench.study.run import Run
+from dihal_bench.study.runner import run_suite
+from dihal_bench.study.stages.methods import method_row
 
 ray = pytest.importorskip("ray")
-from dihal_bench.executors.ray import RayExecutor  # noqa: E402  (needs ray)
+from dihal_bench.study.executors.ray import RayExecutor  # noqa: E402  (needs ray)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the local run on one thread, as each actor
 
@@ -35,9 +38,11 @@ PER_SEED_EXCLUDED = ("latency",  # every method's decode timings (and the latenc
                      "timings",  # locate's extraction and proxy seconds
                      "train_seconds", "wall_seconds")  # training wall time of bridges and baselines
 
-#: a sweep long enough (and checkpointed often enough) to be killed in the middle of its training
+#: a sweep long enough (and checkpointed often enough) to be killed in the middle of its training;
+#: two seeds, whose items of a stage the runner hands to the executor together
 SWEEP_STEPS = 60
-OVERRIDES = {"sweep.budget": f"{{ steps = {SWEEP_STEPS}, batch_size = 4, seq_len = 16, checkpoint_every = 5 }}"}
+OVERRIDES = {"sweep.budget": f"{{ steps = {SWEEP_STEPS}, batch_size = 4, seq_len = 16, checkpoint_every = 5 }}",
+             "seeds": "[0, 1]"}
 
 
 def comparable(record: dict) -> dict:
@@ -98,25 +103,44 @@ def training_step(jobs: Path) -> int | None:
     return None
 
 
+class WatchedRayExecutor(RayExecutor):
+    """A RayExecutor that notes, per stage, the seeds of the items each map call held."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def map(self, stage, fn, items):
+        self.calls.append((stage, sorted({item.seed for item in items})))
+        return super().map(stage, fn, items)
+
+
 @pytest.fixture(scope="module")
-def ray_run(suite, local_ray, tmp_path_factory) -> tuple[Path, dict]:
-    """(the run's root folder, its record): the suite on two Ray actors."""
+def ray_run(suite, local_ray, tmp_path_factory) -> tuple[Path, dict, WatchedRayExecutor]:
+    """(the run's root folder, its record, its executor): the suite on two Ray actors."""
     root = tmp_path_factory.mktemp("ray")
-    return root, record_of(suite, root, RayExecutor())
+    executor = WatchedRayExecutor()
+    return root, record_of(suite, root, executor), executor
 
 
 def test_the_ray_executor_gives_the_local_executors_record(ray_run, local_record):
-    _, record = ray_run
+    _, record, executor = ray_run
+    assert record["seeds"] == [0, 1]
     assert comparable(record) == comparable(local_record)
-    assert record["per_seed"][0]["units"] == local_record["per_seed"][0]["units"]
-    # the driver times each stage by its wall time: the methods are one stage of parallel items
-    assert set(record["timings"]) == {"locate", "targets", "sweep", "methods", "steps", "metrics", "latency",
-                                      "total_seconds"}
+    assert [s["units"] for s in record["per_seed"]] == [s["units"] for s in local_record["per_seed"]]
+    # every stage but latency is one call holding both seeds' items, so the two workers take both
+    # seeds' jobs at once; latency times decodes, one seed at a time
+    assert [(stage, seeds) for stage, seeds in executor.calls if stage != "latency"] == \
+        [(stage, [0, 1]) for stage in ("locate", "targets", "sweep", "methods", "steps", "metrics")]
+    assert [seeds for stage, seeds in executor.calls if stage == "latency"] == [[0], [1]]
+    assert len(executor.pids) == 2
+    # each unit's time on its worker, under its own stage
+    assert {"locate", "sweep", "dihal", "metrics", "latency", "total_seconds"} <= set(record["timings"])
 
 
 def test_the_cli_joins_a_cluster_by_address_redoes_nothing_and_keeps_stderr_clean(
         ray_run, local_record, tiny_suite):  # noqa: F811
-    root, record = ray_run
+    root, record, _ = ray_run
     jobs = root / "runs" / record["suite"] / "jobs"
     before = finished(jobs)
     address = ray.get_runtime_context().gcs_address
@@ -159,10 +183,10 @@ def test_a_worker_killed_mid_training_is_restarted_and_the_run_gives_the_same_nu
 
 def test_a_units_error_on_a_worker_is_raised_as_itself(suite, local_ray, tmp_path):
     run = Run(suite[0], suite[1], tmp_path, progress=False)
-    run.units, run.done = [Unit("baselines", "nope")], []
-    with run.store.lock(), RayExecutor(workers=1).start(run) as executor:
+    progress = Progress({0: [Unit("baselines", "nope")]}, "test", enabled=False)
+    with run.store.lock(), RayExecutor(workers=1).start(run, progress) as executor:
         with pytest.raises(DihalError) as caught:
-            executor.map("methods", method_row, [Item("nope", ("baseline", "nope", {}, None, None, 0, []))])
+            executor.map("methods", method_row, [Item("nope", ("baseline", "nope", {}, None, None, 0, [], {}), 0)])
     # the plugin registry's own one-line error, not Ray's wrapper with the worker's traceback
     assert type(caught.value) is DihalError and str(caught.value).startswith("unknown baseline 'nope'")
 

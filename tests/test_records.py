@@ -12,7 +12,7 @@ import pytest
 
 from dihal_bench.errors import DihalError
 from dihal_bench.lm_eval.record import attach_to_record
-from dihal_bench.records import (
+from dihal_bench.study.records import (
     DAMAGED,
     DIGEST_ALGORITHM,
     RECORD_FORMAT,

@@ -7,12 +7,12 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from dihal_bench.errors import DihalError
-from dihal_bench.references import (
+from dihal_bench.api.references import (
     held_out_windows,
     unigram_distribution,
     unigram_samples,
 )
+from dihal_bench.errors import DihalError
 
 #: ids 3, 5, 7, 9 with frequencies 1/2, 1/4, 3/20, 1/10 in 20 windows of 20 tokens
 FREQUENCIES = {3: 0.5, 5: 0.25, 7: 0.15, 9: 0.1}

@@ -15,12 +15,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from dihal_bench.backbone import load_backbone
+from dihal_bench.base.files import result_file_mode, write_safetensors_atomic
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
-from dihal_bench.jobs import JobStore
-from dihal_bench.preflight import check_options, check_ray_address, check_store_free
-from dihal_bench.records import result_file_mode, write_safetensors_atomic
+from dihal_bench.registry.resolve import load_backbone
+from dihal_bench.study.jobs import JobStore
+from dihal_bench.study.preflight import (
+    check_options,
+    check_ray_address,
+    check_store_free,
+)
 
 
 def mode(path: Path) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -16,13 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import WORDS
 from dihal_builtin.bridge import DihalBridge
 
+from dihal_bench.config.suite import apply_overrides, load_suite_file, resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.jobs import JobStore, spec_hash
-from dihal_bench.records import DAMAGED, VERIFIED, load_record, record_integrity
-from dihal_bench.suite import apply_overrides, load_suite_file, resolve_suite
+from dihal_bench.study.jobs import JobStore, spec_hash
+from dihal_bench.study.records import DAMAGED, VERIFIED, load_record, record_integrity
 
 # --- suites and overrides ---------------------------------------------------------------------
 
@@ -35,8 +33,8 @@ def test_builtin_suites_resolve_with_every_key_known():
 
 
 def test_a_geometry_only_suite_plans_locate_and_the_sweep_on_the_sweeps_targets_alone():
-    from dihal_bench.budget import Budget
-    from dihal_bench.plan import seed_units, target_budgets
+    from dihal_bench.study.plan import seed_units, target_budgets
+    from dihal_bench.training.budget import Budget
 
     _, config = resolve_suite("geometry-gemma")
     units = seed_units(config, num_layers=18)
@@ -108,53 +106,8 @@ def test_a_failed_job_leaves_no_result(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_suite(tmp_path_factory, tiny_model_dir) -> Path:
-    root = tmp_path_factory.mktemp("suite")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    rng = random.Random(1)
-    for i in range(80):
-        (corpus / f"doc{i:02d}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(60)))
-    suite = root / "tiny.toml"
-    suite.write_text(f'''
-description = "tiny end-to-end suite for tests"
-backbone = "{tiny_model_dir}"
-corpus = "{corpus}"
-evaluator = "{tiny_model_dir}"
-seeds = [0]
-[locate]
-tokens = 200
-seq_len = 32
-proxies = ["global_monotonicity", "effective_rank"]
-[sweep]
-layers = "auto"
-count = 3
-eval_sequences = 4
-budget = {{ steps = 4, batch_size = 4, seq_len = 16 }}
-[budget]
-steps = 6
-batch_size = 4
-seq_len = 16
-[bridge]
-options = {{ d_model = 32, layers = 1, heads = 2 }}
-sample_steps = 2
-steps_axis = [1, 2]
-[methods]
-dihal = ["chosen", "worst", "oracle"]
-controls = ["skip", "regressor"]
-references = ["unigram", "human"]
-baselines = ["ar-backbone"]
-[sampling]
-samples = 4
-seq_len = 8
-batch_size = 2
-[metrics]
-names = ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
-mauve = false
-min_valid = 1
-latency_repeats = 1
-''')
-    return suite
+def tiny_suite(tiny_suite_file) -> Path:
+    return tiny_suite_file
 
 
 def run_cli(*args: str, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
@@ -180,7 +133,7 @@ def comparable(record: dict) -> list[dict]:
 def test_a_second_run_on_a_store_in_use_is_refused_with_the_holders_pid(tiny_suite, tmp_path):
     # the job store of suite "tiny" under --out is <out>/tiny/jobs; a process holds its lock
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pathlib import Path\nfrom dihal_bench.jobs import JobStore\n"
+        "import sys, time\nfrom pathlib import Path\nfrom dihal_bench.study.jobs import JobStore\n"
         "with JobStore(Path(sys.argv[1])).lock():\n    print('holding', flush=True)\n    time.sleep(120)\n"),
         str(tmp_path / "runs" / "tiny" / "jobs")], stdout=subprocess.PIPE, text=True)
     try:
@@ -280,7 +233,7 @@ def test_an_interrupted_run_resumes_without_redoing_jobs_and_gives_the_same_numb
 
 
 def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninterrupted_record):
-    from dihal_bench.plan import seed_units
+    from dihal_bench.study.plan import seed_units
 
     _, config = resolve_suite(str(tiny_suite))
     planned = [unit.label for unit in seed_units(config)]
@@ -293,7 +246,7 @@ def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninte
 
 def test_streamed_targets_run_the_suite_without_a_targets_job_and_give_the_stored_numbers(
         tiny_suite, uninterrupted_record, tmp_path):
-    from dihal_bench.plan import seed_units
+    from dihal_bench.study.plan import seed_units
 
     sets = {"bridge.targets": "streamed", "methods.dihal": '["chosen"]', "methods.controls": '["regressor"]',
             "methods.references": "[]", "methods.baselines": "[]", "bridge.steps_axis": "[]"}
@@ -322,7 +275,7 @@ def test_streamed_targets_run_the_suite_without_a_targets_job_and_give_the_store
 
 
 def test_bridgeability_windows_are_a_seeded_subset_and_streamed_runs_hold_one_layer(tiny_suite, tmp_path):
-    from dihal_bench.runner import Run
+    from dihal_bench.study.run import Run
 
     _, config = resolve_suite(str(tiny_suite))
     every = Run("tiny", config, tmp_path, progress=False).valid_states(16, 2, [1, 2])
@@ -401,8 +354,8 @@ def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
 def test_bridge_job_identity_changes_with_the_architecture():
     from dihal_builtin.bridge import DihalBridge
 
-    from dihal_bench.bridge_training import BridgeSpec
-    from dihal_bench.training import count_trainable
+    from dihal_bench.hybrid.training import BridgeSpec
+    from dihal_bench.training.loop import count_trainable
 
     small, wide = BridgeSpec(options={"d_model": 32, "heads": 2}), BridgeSpec(options={"d_model": 64, "heads": 2})
     assert small.identity(16)["bridge_parameters"] == count_trainable(DihalBridge(16, d_model=32, heads=2))
@@ -410,7 +363,7 @@ def test_bridge_job_identity_changes_with_the_architecture():
 
 
 def test_auto_sweep_layers_has_exactly_count_layers_dense_over_the_shallow_ones():
-    from dihal_bench.plan import auto_sweep_layers
+    from dihal_bench.study.plan import auto_sweep_layers
 
     assert auto_sweep_layers(30, {3, 25}, 14) == [1, 2, 3, 4, 5, 6, 7, 11, 15, 18, 21, 25, 26, 29]
     for layers in (5, 12, 30):
@@ -440,9 +393,10 @@ class KeyStore:
 
 
 def test_the_steps_axis_puts_each_sampler_on_it_and_the_suites_own_keeps_its_key():
-    from dihal_bench import runner
-    from dihal_bench.plan import seed_units
-    from dihal_bench.protocol import bridge_spec
+    from dihal_bench.study.plan import seed_units
+    from dihal_bench.study.protocol import bridge_spec
+    from dihal_bench.study.run import Run
+    from dihal_bench.study.stages.steps_axis import steps_point
 
     _, config = resolve_suite("smoke")
     both = with_axis_samplers(config, ("mean", "ancestral"))
@@ -455,12 +409,12 @@ def test_the_steps_axis_puts_each_sampler_on_it_and_the_suites_own_keeps_its_key
     assert [unit.label for unit in seed_units(config, num_layers=30) if unit.stage == "steps"] == \
         ["DiHAL at K=1 steps", "DiHAL at K=8 steps"]  # no samplers listed: the suite's own alone
 
-    run = runner.Run("smoke", config, Path("never-written"), progress=False)
+    run = Run("smoke", config, Path("never-written"), progress=False)
     run.__dict__["backbone"] = SimpleNamespace(width=16)
     run.store = KeyStore()
     spec = bridge_spec(config, "budget", 0)
     method = {"layer": 3, "train_job": "trained", "train": {"checkpoint": "bridge"}}
-    points = [runner.steps_point(run, method, spec, 8, 0, [3], sampler) for sampler in (None, "mean", "ancestral")]
+    points = [steps_point(run, method, spec, 8, 0, [3], sampler) for sampler in (None, "mean", "ancestral")]
     (_, own), (_, named_own), (_, other) = run.store.jobs
     assert own == named_own and "sampler" not in own  # the suite's sampler (mean): the key it always had
     assert other == {**own, "sampler": "ancestral"}

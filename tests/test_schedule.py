@@ -7,16 +7,16 @@ import re
 
 import pytest
 
-from dihal_bench import plan
+from dihal_bench.config.suite import resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.suite import resolve_suite
+from dihal_bench.study import estimate, plan
 
 
 def stage_rows(text: str) -> dict[str, list[str]]:
     rows = {}
     for line in text.splitlines():
         fields = re.split(r"\s{2,}", line.strip())
-        if fields and fields[0] in {"/".join(group) for group in plan.PARALLEL_STAGES}:
+        if fields and fields[0] in {"/".join(group) for group in estimate.PARALLEL_STAGES}:
             rows[fields[0]] = fields[1:]
     return rows
 
@@ -24,40 +24,54 @@ def stage_rows(text: str) -> dict[str, list[str]]:
 def test_the_schedule_adds_the_longest_job_of_each_stage_and_spreads_the_rest(monkeypatch):
     _, config = resolve_suite("diagnostic")
     # every unit costs one hour, except the sweep's, which cost two: easy arithmetic
-    monkeypatch.setattr(plan, "unit_seconds", lambda unit, config, params: 7200.0 if unit.stage == "sweep" else 3600.0)
+    monkeypatch.setattr(estimate, "unit_seconds", lambda unit, config, params: 7200.0 if unit.stage == "sweep" else 3600.0)
     units = plan.seed_units(config)
-    per_stage = {group: sum(unit.stage in group for unit in units) for group in plan.PARALLEL_STAGES}
-    assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 14  # 3 DiHAL, 2 controls, 2 references, 7 baselines
+    per_stage = {group: sum(unit.stage in group for unit in units) for group in estimate.PARALLEL_STAGES}
+    assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 16  # 3 DiHAL, 2 controls, 2 references, 9 baselines
 
-    text = plan.format_schedule("diagnostic", config, 4)
+    seeds = len(config.seeds)
+    assert seeds == 2
+    text = estimate.format_schedule("diagnostic", config, 4)
     rows = stage_rows(text)
-    assert rows["sweep"][:2] == ["12", "2.0 h"] and rows["sweep"][2] == "6.0 h"  # 12 × 2 h over 4 devices
-    assert rows["latency"][:3] == ["1", "60 min", "60 min"]  # one job: its own length whatever the devices
-    stages = [group for group in plan.PARALLEL_STAGES if per_stage[group]]
-    critical = sum(2 if group == ("sweep",) else 1 for group in stages)
-    assert f"critical path (unlimited workers): {critical:.1f} h per seed" in text
-    hours = sum(per_stage[group] * (2 if group == ("sweep",) else 1) for group in stages) * len(config.seeds)
+    # both seeds' sweeps share the devices: 24 jobs of 2 h over 4 devices
+    assert rows["sweep"][:2] == ["24", "2.0 h"] and rows["sweep"][2] == "12.0 h"
+    assert rows["latency"][:3] == ["2", "60 min", "2.0 h"]  # one job per seed, one after the other
+    stages = [group for group in estimate.PARALLEL_STAGES if per_stage[group]]
+    critical = sum(2 if group == ("sweep",) else 1 for group in stages) + 1  # + the second seed's latency
+    assert f"critical path (unlimited workers): {critical:.1f} h" in text
+    hours = sum(per_stage[group] * (2 if group == ("sweep",) else 1) for group in stages) * seeds
     assert f"{hours:.1f} worker-hours in all" in text
 
 
 def test_more_devices_never_lengthen_the_schedule():
     _, config = resolve_suite("paper")
 
-    def per_seed(devices: int) -> str:
-        text = plan.format_schedule("paper", config, devices)
-        return re.search(r"on \d+ GPUs?: (.+?) per seed", text).group(1)
+    def makespan(devices: int) -> float:
+        text = estimate.format_schedule("paper", config, devices)
+        return float(re.search(r"on \d+ GPUs?: (.+?) h for", text).group(1))
 
-    assert "GPU-hours" in plan.format_schedule("paper", config, 8)
-    hours = [float(per_seed(n).removesuffix(" h")) for n in (1, 8, 64)]
+    assert "GPU-hours" in estimate.format_schedule("paper", config, 8)
+    hours = [makespan(n) for n in (1, 8, 64)]
     assert hours[0] >= hours[1] >= hours[2]
+
+
+def test_three_seeds_on_eight_gpus_pack_within_a_tenth_of_perfect():
+    """Every seed's jobs of a stage share the GPUs, so the paper suite's three seeds come within 10%
+    of their GPU-hours over 8 (the seeds one after another would leave GPUs idle in every
+    stage with fewer than 8 jobs)."""
+    _, config = resolve_suite("paper")
+    assert len(config.seeds) == 3
+    text = estimate.format_schedule("paper", config, 8)
+    ratio = float(re.search(r"perfectly packed \((\d+\.\d+)x that\)", text).group(1))
+    assert 1.0 <= ratio <= 1.10, text
 
 
 def test_the_schedule_refuses_no_devices_and_says_when_the_size_is_unknown():
     _, config = resolve_suite("smoke")
     with pytest.raises(DihalError, match="at least 1"):
-        plan.format_schedule("smoke", config, 0)
+        estimate.format_schedule("smoke", config, 0)
     unknown = dataclasses.replace(config, backbone="some/model-without-a-size")
-    assert "cannot schedule" in plan.format_schedule("smoke", unknown, 2)
+    assert "cannot schedule" in estimate.format_schedule("smoke", unknown, 2)
 
 
 def test_the_dry_run_prints_the_schedule_only_when_asked_and_only_as_a_plan():
@@ -76,15 +90,15 @@ def test_the_dry_run_prints_the_schedule_only_when_asked_and_only_as_a_plan():
 
 
 def test_a_worker_holds_the_backbone_and_a_distinct_evaluator_in_the_suites_dtype():
-    smol, gemma = plan.backbone_parameters("smollm2-135m"), plan.backbone_parameters("gemma3-270m")
+    smol, gemma = estimate.backbone_parameters("smollm2-135m"), estimate.backbone_parameters("gemma3-270m")
     assert smol and gemma
     _, smoke = resolve_suite("smoke")  # the evaluator is the backbone: held once
     _, diagnostic = resolve_suite("diagnostic")
     _, paper = resolve_suite("paper")  # bfloat16
-    assert plan.worker_memory(smoke) == int(smol * 4)
-    assert plan.worker_memory(diagnostic) == int((smol + gemma) * 4)
-    assert plan.worker_memory(paper) == int(8e9 * 2)
-    assert plan.worker_memory(dataclasses.replace(smoke, evaluator="some/model-without-a-size")) is None
+    assert estimate.worker_memory(smoke) == int(smol * 4)
+    assert estimate.worker_memory(diagnostic) == int((smol + gemma) * 4)
+    assert estimate.worker_memory(paper) == int(8e9 * 2)
+    assert estimate.worker_memory(dataclasses.replace(smoke, evaluator="some/model-without-a-size")) is None
 
 
 def test_a_streamed_suite_plans_no_extraction_and_counts_the_streaming_in_its_bridge_jobs():
@@ -93,19 +107,19 @@ def test_a_streamed_suite_plans_no_extraction_and_counts_the_streaming_in_its_br
     assert any(unit.stage == "targets" for unit in plan.seed_units(diagnostic))
     assert not any(unit.stage == "targets" for unit in plan.seed_units(streamed))
     sweep = next(unit for unit in plan.seed_units(streamed) if unit.stage == "sweep")
-    budget = plan.Budget.from_dict(diagnostic.sweep.budget)
+    budget = estimate.Budget.from_dict(diagnostic.sweep.budget)
     # half a pass over every trained token, on top of the stored path's evaluation passes
-    assert plan.unit_cost(sweep, streamed)[1] - plan.unit_cost(sweep, diagnostic)[1] == \
+    assert estimate.unit_cost(sweep, streamed)[1] - estimate.unit_cost(sweep, diagnostic)[1] == \
         budget.steps * budget.tokens_per_step // 2
-    assert "streamed" in plan.format_plan("diagnostic", streamed)
-    assert "stored bridge targets" in plan.format_plan("diagnostic", diagnostic)
+    assert "streamed" in estimate.format_plan("diagnostic", streamed)
+    assert "stored bridge targets" in estimate.format_plan("diagnostic", diagnostic)
 
 
 def test_the_plan_counts_what_each_baseline_trains():
     _, config = resolve_suite("rivals")
     budget = config.budget
     tokens = budget["steps"] * budget["batch_size"] * budget["seq_len"]
-    costs = {unit.label: plan.unit_cost(unit, config) for unit in plan.seed_units(config) if unit.stage == "baselines"}
+    costs = {unit.label: estimate.unit_cost(unit, config) for unit in plan.seed_units(config) if unit.stage == "baselines"}
     assert costs["ar-backbone"][0].endswith("nothing trained") and costs["ar-backbone"][2] == 0
     for lora in ("ar-lora", "ar2diff-lora"):  # every step runs the backbone forward and backward
         what, backbone_tokens, trained_tokens = costs[lora]

@@ -12,7 +12,7 @@ import pytest
 import scipy.stats
 
 from dihal_bench.errors import DihalError
-from dihal_bench.stats import (
+from dihal_bench.numerics.stats import (
     EXACT_MAX_N,
     SampleNLL,
     Stratum,
@@ -207,7 +207,7 @@ def test_partial_spearman_undefined_cases():
 
 
 def test_layer_correlations_hold_the_depth_control_and_the_variants():
-    from dihal_bench.sweep import layer_correlations
+    from dihal_bench.hybrid.sweep import layer_correlations
 
     layers = [1, 2, 3, 4, 5, 6]
     located = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dihal_bench.bridge_training import (
+from dihal_bench.hybrid.training import (
     STANDARDIZER_CHUNK,
     BridgeSpec,
     StreamedStates,
@@ -14,7 +14,7 @@ from dihal_bench.bridge_training import (
     train_bridge_streamed,
     with_states,
 )
-from dihal_bench.budget import Budget
+from dihal_bench.training.budget import Budget
 
 LAYER = 2
 SPEC = BridgeSpec(options={"d_model": 16, "layers": 1, "heads": 2}, sample_steps=2,
@@ -87,9 +87,9 @@ def test_streamed_targets_hold_one_batch_of_states_whatever_the_split(llama_back
 
 
 def test_a_streamed_sweep_measures_what_the_stored_one_does(llama_backbone, text_dir, monkeypatch):
-    from dihal_bench import bridge_training
-    from dihal_bench.corpus import load_corpus
-    from dihal_bench.sweep import run_sweep
+    from dihal_bench.hybrid import training as bridge_training
+    from dihal_bench.hybrid.sweep import run_sweep
+    from dihal_bench.registry.resolve import load_corpus
 
     extracted = []
     original = bridge_training.extract_layers

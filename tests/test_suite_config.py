@@ -1,4 +1,4 @@
-"""The resolved suite as typed, frozen settings (dihal_bench.suite_config): it mirrors DEFAULTS key
+"""The resolved suite as typed, frozen settings (dihal_bench.config.settings): it mirrors DEFAULTS key
 for key, and gives back exactly the dict the checks produce, so that no job hash and no stored
 record changes with it."""
 
@@ -13,23 +13,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from dihal_bench import runner
-from dihal_bench.errors import DihalError
-from dihal_bench.jobs import spec_hash
-from dihal_bench.plan import budget_sections, seed_units, target_budgets
-from dihal_bench.protocol import bridge_spec, matched_budget
-from dihal_bench.suite import (
+from dihal_bench.base.values import parse_value
+from dihal_bench.config.settings import SuiteConfig, _Table
+from dihal_bench.config.suite import (
     DEFAULTS,
     OPEN_SECTIONS,
     _merge,
     apply_overrides,
     check_values,
-    parse_value,
     record_config,
     resolve_suite,
     tomllib,
 )
-from dihal_bench.suite_config import SuiteConfig, _Table
+from dihal_bench.errors import DihalError
+from dihal_bench.study import runner
+from dihal_bench.study.executors import LocalExecutor
+from dihal_bench.study.jobs import spec_hash
+from dihal_bench.study.plan import budget_sections, seed_units, target_budgets
+from dihal_bench.study.protocol import bridge_spec, matched_budget
+from dihal_bench.study.run import Run
+from dihal_bench.study.stages import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ROOT / "plugins" / "dihal_builtin" / "suites"
@@ -174,9 +177,9 @@ class RecordingStore:
         return relative
 
 
-def recording_run(config: SuiteConfig) -> runner.Run:
+def recording_run(config: SuiteConfig) -> Run:
     """A Run whose backbone is SmolLM2-135M's shape only and whose store records job keys."""
-    run = runner.Run("suite", config, Path("never-written"), progress=False)
+    run = Run("suite", config, Path("never-written"), progress=False)
     run.__dict__["backbone"] = SimpleNamespace(width=SMOLLM2_WIDTH, num_layers=30, name="smollm2-135m")
     run.store = RecordingStore()
     return run
@@ -190,14 +193,14 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
     run = recording_run(config)
     spec, budget = bridge_spec(config, "budget", seed), matched_budget(config, seed, SMOLLM2_WIDTH)
     assert budget.to_dict() == stored["budget"]
-    made = {f"dihal-{role}": runner.dihal_method(run, spec, budget, stored["roles"][role], seed, [layer])
+    made = {f"dihal-{role}": methods.dihal_method(run, spec, budget, stored["roles"][role], seed, [layer], {})
             for role in config.methods.dihal}
     for name in config.methods.controls:
-        made[f"control-{name}"] = runner.control_method(run, name, spec, budget, layer, seed, [layer])
+        made[f"control-{name}"] = methods.control_method(run, name, spec, budget, layer, seed, [layer], {})
     for name in config.methods.references:
-        made[f"reference-{name}"] = runner.reference_method(run, name, budget, seed)
+        made[f"reference-{name}"] = methods.reference_method(run, name, budget, seed)
     for name in config.methods.baselines:
-        made[name] = runner.baseline_method(run, name, budget, seed)
+        made[name] = methods.baseline_method(run, name, budget, seed)
     assert set(made) == set(stored["methods"])
     for name, method in made.items():
         for key in ("train_job", "samples_job"):
@@ -234,7 +237,7 @@ def test_a_seeds_job_keys_are_unchanged(name, monkeypatch):
     monkeypatch.setattr(runner, "read_samples", lambda path: ([], []))
     run = recording_run(config)
     run.reference_texts = lambda *args: []
-    runner.run_seed(run, 0)
+    runner.study_seeds(run, LocalExecutor().start(run), [0])
     first: dict[str, str] = {}
     for kind, key in run.store.keys:
         first.setdefault(kind, key)

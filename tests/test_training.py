@@ -11,17 +11,22 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from dihal_bench import training
-from dihal_bench.bridge_training import (
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid.training import (
     bridge_windows,
     packed_split,
     training_subset,
     validation_subset,
 )
-from dihal_bench.budget import Budget
-from dihal_bench.corpus import load_corpus
-from dihal_bench.errors import DihalError
-from dihal_bench.training import batch_indices, count_trainable, learning_rate, train
+from dihal_bench.registry.resolve import load_corpus
+from dihal_bench.training import loop as training
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import (
+    batch_indices,
+    count_trainable,
+    learning_rate,
+    train,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -393,8 +398,8 @@ def test_the_validation_subset_is_seeded_and_all_means_every_window():
 
 
 def test_run_sweep_trains_and_measures_one_bridge_per_layer(llama_backbone, text_dir):
-    from dihal_bench.bridge_training import BridgeSpec
-    from dihal_bench.sweep import run_sweep
+    from dihal_bench.hybrid.sweep import run_sweep
+    from dihal_bench.hybrid.training import BridgeSpec
 
     spec = BridgeSpec(options={"d_model": 16, "layers": 1, "heads": 2}, sample_steps=2,
                       budget=Budget(steps=2, batch_size=2, seq_len=16))

@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from dihal_bench.distributed import RowReplay, rows_per_process, world_size
 from dihal_bench.errors import DihalError
-from dihal_bench.training import learning_rate
+from dihal_bench.training.distributed import RowReplay, rows_per_process, world_size
+from dihal_bench.training.loop import learning_rate
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -130,8 +130,8 @@ def test_one_process_neither_launches_nor_imports_accelerate(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert world_size() == 2
     code = ("import sys, torch\n"
-            "from dihal_bench.budget import Budget\n"
-            "from dihal_bench.training import train\n"
+            "from dihal_bench.training.budget import Budget\n"
+            "from dihal_bench.training.loop import train\n"
             "train(torch.nn.Linear(2, 1), lambda m, b, g: m(b['x']).pow(2).mean(), {'x': torch.randn(8, 2)},\n"
             "      Budget(steps=2, batch_size=4), progress=False)\n"
             "print('accelerate' in sys.modules)")

@@ -12,12 +12,16 @@ import torch
 from dihal_builtin.hf_backbone import HFBackbone
 
 from dihal_bench import hookimpl
-from dihal_bench.bridge_training import bridge_windows, with_states
-from dihal_bench.corpus import load_corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.geometry import run_proxy
-from dihal_bench.hidden import extract_layers, extract_sampled, sample_positions
-from dihal_bench.locate import LocateConfig, locate, proxy_origin
+from dihal_bench.hybrid.training import bridge_windows, with_states
+from dihal_bench.locate.geometry import run_proxy
+from dihal_bench.locate.hidden_states import (
+    extract_layers,
+    extract_sampled,
+    sample_positions,
+)
+from dihal_bench.locate.pipeline import LocateConfig, locate, proxy_origin
+from dihal_bench.registry.resolve import load_corpus
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

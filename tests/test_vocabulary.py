@@ -13,9 +13,9 @@ from dihal_builtin.baselines.diffusion_lm import DiffusionLM
 from dihal_builtin.baselines.ld4lg import LD4LG
 from dihal_builtin.baselines.sed import SED
 
-from dihal_bench.baseline import CONFIG_FILE
-from dihal_bench.budget import Budget
+from dihal_bench.api.baseline import CONFIG_FILE
 from dihal_bench.errors import DihalError
+from dihal_bench.training.budget import Budget
 
 #: 10 of the tiny backbone's 128 ids; 1 is the character tokenizer's <eos>, a special token
 USED_IDS = [1, 5, 17, 30, 44, 58, 71, 88, 99, 102]

@@ -10,8 +10,9 @@ from pathlib import Path
 import click
 
 from dihal_bench import __version__
+from dihal_bench.base.values import INT64_MAX
+from dihal_bench.config.suite import DTYPES
 from dihal_bench.errors import DihalError
-from dihal_bench.suite import DTYPES, INT64_MAX
 
 #: a seed: torch's generators take at most a signed 64-bit integer
 SEED = click.IntRange(min=0, max=INT64_MAX)
@@ -61,7 +62,7 @@ class CommandGroup(click.Group):
 
 
 def write_json(path: str | Path, payload: dict) -> None:
-    from dihal_bench.records import write_json_atomic
+    from dihal_bench.base.files import write_json_atomic
 
     write_json_atomic(Path(path), payload)
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from dihal_bench.cli.app import CommandGroup, FiniteFloatRange, backbone_options, cli, write_json
+from dihal_bench.cli.app import (
+    CommandGroup,
+    FiniteFloatRange,
+    backbone_options,
+    cli,
+    write_json,
+)
 
 
 def _describe(registration) -> str:
@@ -26,7 +32,7 @@ def plugins(as_json):
     """List every registered plugin object with its kind and distribution."""
     from tabulate import tabulate
 
-    from dihal_bench.plugins import get_registry
+    from dihal_bench.registry.plugins import get_registry
 
     registry = get_registry()
     rows = [
@@ -61,9 +67,13 @@ def check_backbone_cmd(name, device, dtype, tolerance, json_path):
     """Check that backbone NAME can be resumed from every layer's hidden state."""
     from tabulate import tabulate
 
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.conformance import DEFAULT_TOLERANCE, check_backbone
-    from dihal_bench.preflight import check_backbone_name, check_device, check_writable
+    from dihal_bench.api.conformance import DEFAULT_TOLERANCE, check_backbone
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.study.preflight import (
+        check_backbone_name,
+        check_device,
+        check_writable,
+    )
 
     check_backbone_name(name)
     check_device(device, "--device")
@@ -94,10 +104,10 @@ def check_corpus_cmd(name, backbone_name, seq_len):
     """Print document and token counts per split of corpus NAME."""
     from tabulate import tabulate
 
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.corpus import split_stats
-    from dihal_bench.plugins import build_named
-    from dihal_bench.preflight import check_backbone_name, check_corpus_name
+    from dihal_bench.api.corpus import split_stats
+    from dihal_bench.registry.plugins import build_named
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.study.preflight import check_backbone_name, check_corpus_name
 
     check_corpus_name(name)
     check_backbone_name(backbone_name, "--backbone")
@@ -115,7 +125,7 @@ def suites():
     """List the registered suites."""
     from tabulate import tabulate
 
-    from dihal_bench.plugins import get_registry
+    from dihal_bench.registry.plugins import get_registry
 
     registry = get_registry()
     rows = [[r.name, r.source, r.meta.get("description", "")] for r in registry.all() if r.kind == "suite"]

@@ -16,7 +16,7 @@ from dihal_bench.cli.app import (
     write_json,
 )
 from dihal_bench.errors import DihalError
-from dihal_bench.suite import DIHAL_PROXIES, PREPROCESSING
+from dihal_bench.locate.defaults import DIHAL_PROXIES, PREPROCESSING_MODES
 
 
 @cli.command()
@@ -27,7 +27,7 @@ from dihal_bench.suite import DIHAL_PROXIES, PREPROCESSING
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--proxies", default=",".join(DIHAL_PROXIES),
               show_default=True, help="Comma-separated proxy names, or 'all' for every registered proxy.")
-@click.option("--preprocessing", type=click.Choice(PREPROCESSING), default="trace", show_default=True,
+@click.option("--preprocessing", type=click.Choice(PREPROCESSING_MODES), default="trace", show_default=True,
               help="The preprocessing whose S(ℓ) chooses ℓ*.")
 @click.option("--variants", default="trace,standardize,trace-drop-top", show_default=True,
               help="Comma-separated preprocessings whose S(ℓ) and ℓ* are shown beside (empty: none).")
@@ -45,10 +45,10 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
     """Score every layer's hidden-state geometry and choose the insertion layer ℓ*."""
     import math
 
-    from dihal_bench import locate as locate_module
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.plugins import build_named
-    from dihal_bench.preflight import (
+    from dihal_bench.locate import pipeline as locate_module
+    from dihal_bench.registry.plugins import build_named
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.study.preflight import (
         check_backbone_name,
         check_corpus_name,
         check_device,

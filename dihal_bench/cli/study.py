@@ -13,7 +13,7 @@ from dihal_bench.errors import DihalError
 
 def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
     """``--suite`` with the command line's overrides applied: (name, SuiteConfig)."""
-    from dihal_bench.suite import apply_overrides, resolve_suite
+    from dihal_bench.config.suite import apply_overrides, resolve_suite
 
     name, config = resolve_suite(suite)
     overrides = parse_assignments(sets, "--set")
@@ -59,9 +59,9 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
 
     With --executor ray the job store (--out) must be on a filesystem every Ray worker mounts at the
     same path (docs/executors.md)."""
-    from dihal_bench.executors import make_executor
-    from dihal_bench.preflight import check_store_free, check_suite
-    from dihal_bench.runner import run_suite
+    from dihal_bench.study.executors import make_executor
+    from dihal_bench.study.preflight import check_store_free, check_suite
+    from dihal_bench.study.runner import run_suite
 
     name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets)
     if gpus is not None and not (dry_run and executor == "ray"):
@@ -73,7 +73,7 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
         chosen = make_executor(executor, address=address, workers=workers)
     if dry_run:
         check_suite(config, here=False)
-        from dihal_bench.plan import format_plan, format_schedule
+        from dihal_bench.study.estimate import format_plan, format_schedule
 
         click.echo(format_plan(name, config))
         if gpus is not None:

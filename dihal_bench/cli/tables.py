@@ -14,15 +14,17 @@ from dihal_bench.errors import DihalError
 @cli.command()
 @click.option("--results", "results_dir", type=click.Path(file_okay=False), default="runs/results", show_default=True,
               help="Run records to read (the committed ones: results).")
-@click.option("--format", "formats", default="md,csv,html", show_default=True, help="Any of md, csv, html, latex.")
+@click.option("--format", "formats", default="md,csv,html,latex", show_default=True,
+              help="Any of md, csv, html, latex; html also writes leaderboard.png, drawn from the same tables.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/leaderboards", show_default=True,
               help="Where the tables go (the committed ones: leaderboards).")
 def leaderboard(results_dir, formats, out_dir):
-    """Aggregate run records (mean ± std over seeds) into method, layer and proxy tables.
+    """Aggregate run records (mean ± std over seeds; pooled permutation and Holm p-values for the
+    rank statistics) into method, layer and proxy tables, the page and its picture.
 
     Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards`."""
     from dihal_bench.leaderboard import build_leaderboards
-    from dihal_bench.preflight import check_writable
+    from dihal_bench.study.preflight import check_writable
 
     if not Path(results_dir).is_dir():
         raise DihalError(f"no run records: {results_dir!r} is not a folder (run `dihal-bench run` first)")
@@ -45,8 +47,8 @@ def leaderboard(results_dir, formats, out_dir):
 def claims(results_dir, readme):
     """The paper's claims as a Markdown table: measurement, decision rule, interval and verdict from
     the run records (rules: docs/method.md#claims-and-decision-rules)."""
+    from dihal_bench.base.files import write_bytes_atomic
     from dihal_bench.leaderboard.claims import claims_markdown, embed
-    from dihal_bench.records import write_bytes_atomic
 
     if not Path(results_dir).is_dir():
         raise DihalError(f"no run records: {results_dir!r} is not a folder")
@@ -62,8 +64,8 @@ def claims(results_dir, readme):
 def _check_model_args(model_args: str, trust_unverified: bool) -> None:
     """The backbone and bridge checkpoint that ``--model-args`` name, checked before lm-eval
     (seconds to import and index its tasks) and any model load; lm-eval parses the string itself."""
-    from dihal_bench.bridge_io import read_bridge_meta
-    from dihal_bench.preflight import check_backbone_name
+    from dihal_bench.hybrid.checkpoint import read_bridge_meta
+    from dihal_bench.study.preflight import check_backbone_name
 
     pairs = parse_assignments([part for part in model_args.split(",") if part.strip()], "--model-args")
     if "backbone" in pairs:
@@ -89,7 +91,7 @@ def _check_model_args(model_args: str, trust_unverified: bool) -> None:
 def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified):
     """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
     from dihal_bench import lm_eval as lm_eval_adapter
-    from dihal_bench.preflight import check_writable
+    from dihal_bench.study.preflight import check_writable
 
     if bool(model_args) == bool(record_path):
         raise DihalError("give either --model-args or --record with --method")
@@ -101,7 +103,7 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         if not method:
             raise DihalError("--record needs --method: the record's intact-backbone baseline, or dihal-chosen, "
                              "dihal-worst or dihal-oracle")
-        from dihal_bench.records import load_record
+        from dihal_bench.study.records import load_record
 
         record = load_record(Path(record_path))
         model_args, seed = lm_eval_adapter.model_args_from_record(record, method, seed)

@@ -29,10 +29,9 @@ def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone
     checked, the corpus and then the backbone loaded (the corpus first: usually the quicker to
     fail), and then the command says which protocol it uses: so that a refusal is the only line
     it prints. Returns (resolved suite, budget, corpus, backbone)."""
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.plugins import build_named
-
-    from dihal_bench.protocol import section_budget
+    from dihal_bench.registry.plugins import build_named
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.study.protocol import section_budget
 
     overrides = parse_assignments(sets, "--set")
     for key in overrides:
@@ -43,7 +42,7 @@ def _protocol(suite, sets, seed: int, section: str, epochs: int | None, backbone
     name, config = resolved_suite(suite, None, None, None, None, ())
     # the command's --set budget.* applies to the section it trains under
     prefix = "budget." if section == "budget" else "sweep.budget."
-    from dihal_bench.suite import apply_overrides
+    from dihal_bench.config.suite import apply_overrides
 
     config = apply_overrides(config, {prefix + key.partition(".")[2]: value for key, value in overrides.items()})
     budget = section_budget(config, section, seed)
@@ -69,11 +68,10 @@ def _training_options(f):
 
 
 def _check_training_inputs(config, backbone_name, corpus_name, out_dir) -> None:
-    from dihal_bench.preflight import (
+    from dihal_bench.registry.options import check_options, check_registered
+    from dihal_bench.study.preflight import (
         check_backbone_name,
         check_corpus_name,
-        check_options,
-        check_registered,
         check_writable,
     )
 
@@ -98,12 +96,10 @@ def _check_training_inputs(config, backbone_name, corpus_name, out_dir) -> None:
 def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layers, eval_sequences, stream_targets,
           out_dir):
     """Train one bridge per layer under one protocol; table, rank correlations and plot."""
-    from dihal_bench import sweep as sweep_module
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.locate import LocateConfig, locate
-    from dihal_bench.plan import auto_sweep_layers
-    from dihal_bench.plugins import build_named
-    from dihal_bench.protocol import bridge_spec
+    from dihal_bench.hybrid import sweep as sweep_module
+    from dihal_bench.locate.pipeline import LocateConfig, locate
+    from dihal_bench.study.plan import auto_sweep_layers
+    from dihal_bench.study.protocol import bridge_spec
 
     chosen_layers = None if layers == "auto" else parse_int_list(layers, "--layers")
     config, budget, corpus, backbone = _protocol(suite, sets, seed, "sweep.budget", epochs, backbone_name,
@@ -143,11 +139,9 @@ def bridge():
 def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, layer, eval_sequences, stream_targets,
                  out_dir):
     """Train the DiHAL bridge for one layer, evaluate it, save a safetensors checkpoint."""
-    from dihal_bench import sweep as sweep_module
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.bridge_io import save_bridge_checkpoint
-    from dihal_bench.plugins import build_named
-    from dihal_bench.protocol import bridge_spec
+    from dihal_bench.hybrid import sweep as sweep_module
+    from dihal_bench.hybrid.checkpoint import save_bridge_checkpoint
+    from dihal_bench.study.protocol import bridge_spec
 
     config, budget, corpus, backbone = _protocol(suite, sets, seed, "budget", epochs, backbone_name, corpus_name,
                                                  out_dir)
@@ -181,9 +175,9 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, quiet, l
 def generate(checkpoint, count, max_new_tokens, temperature, top_p, steps, prompt, seed, no_sink_passthrough,
              trust_unverified):
     """Sample text from a DiHAL hybrid: bridge → upper layers → LM head."""
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
-    from dihal_bench.hybrid import HybridLM
+    from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, read_bridge_meta
+    from dihal_bench.hybrid.model import HybridLM
+    from dihal_bench.registry.resolve import load_backbone
 
     meta = read_bridge_meta(Path(checkpoint), trust_unverified=trust_unverified)
     backbone = load_backbone(meta["backbone"])
@@ -212,12 +206,11 @@ def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, 
     """Train baseline NAME under the matched budget; prints its parameter table."""
     from tabulate import tabulate
 
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.bridge_training import packed_split, training_subset
-    from dihal_bench.plugins import build_named, get_registry
-    from dihal_bench.preflight import check_options
-    from dihal_bench.protocol import matched_budget
-    from dihal_bench.suite import parse_value
+    from dihal_bench.base.values import parse_value
+    from dihal_bench.hybrid.training import packed_split, training_subset
+    from dihal_bench.registry.options import check_options
+    from dihal_bench.registry.plugins import get_registry
+    from dihal_bench.study.protocol import matched_budget
 
     cls = get_registry().get("baseline", name).obj
     chosen = {k: parse_value(v) for k, v in parse_assignments(options, "--option").items()}
@@ -248,11 +241,11 @@ def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, 
 @click.option("--seed", type=SEED, default=0, show_default=True)
 def baseline_sample(name, backbone_name, out_dir, count, seq_len, seed):
     """Print samples from a trained baseline NAME."""
-    from dihal_bench.backbone import load_backbone
-    from dihal_bench.baseline import CONFIG_FILE, read_config
-    from dihal_bench.budget import Budget
-    from dihal_bench.plugins import get_registry
-    from dihal_bench.preflight import check_backbone_name
+    from dihal_bench.api.baseline import CONFIG_FILE, read_config
+    from dihal_bench.registry.plugins import get_registry
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.study.preflight import check_backbone_name
+    from dihal_bench.training.budget import Budget
 
     cls = get_registry().get("baseline", name).obj
     folder = Path(out_dir or Path("runs") / "baselines" / name) / "model"

@@ -29,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from dihal_bench.base.files import write_bytes_atomic
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
 from dihal_bench.leaderboard.page import render_page
 from dihal_bench.leaderboard.plot import PLOTS, page_picture, plots
 from dihal_bench.leaderboard.read import read_groups
-from dihal_bench.records import write_bytes_atomic
 
 __all__ = ["PUBLISHED_FORMATS", "build_leaderboards"]
 

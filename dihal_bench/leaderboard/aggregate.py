@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dihal_bench.leaderboard.read import CORRELATION_SETS, Group, rank_series
-from dihal_bench.stats import Stratum, holm, stratified_rank_test
+from dihal_bench.numerics.stats import Stratum, holm, stratified_rank_test
 
 METHODS_NOTE = (
     "Latency is wall-clock per generated token at batch 1, and its ratio to the backbone's own "
@@ -292,7 +292,7 @@ POOLED_KEYS = ("spearman_p", "spearman_p_holm", "partial_p", "partial_p_holm", "
 def pooled_rank_tests(group: Group, proxies: list[str]) -> dict[str, dict]:
     """Per proxy row (``name`` + a `CORRELATION_SETS` suffix): the pooled permutation p of ρ and of
     the partial ρ given depth, over the group's seeds that have the series, Holm-adjusted over every
-    p of the table, with the power statement (`dihal_bench.stats.stratified_rank_test`)."""
+    p of the table, with the power statement (`dihal_bench.numerics.stats.stratified_rank_test`)."""
     per_seed = [series for series in (rank_series(entry) for _, entry in group.entries) if series is not None]
     tests: dict[str, dict] = {}
     for proxy in proxies:

@@ -18,7 +18,7 @@ from pathlib import Path
 from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard.read import Group, rank_series, read_groups
 from dihal_bench.leaderboard.render import markdown_text
-from dihal_bench.stats import (
+from dihal_bench.numerics.stats import (
     SampleNLL,
     Stratum,
     paired_log_ppl_difference,

@@ -2,7 +2,7 @@
 (configuration, seed) once from its newest record, as one row per method, swept layer, proxy and
 locate layer.
 
-`dihal_bench.records.load_record` checks each record against the v2 schema (and migrates a v1
+`dihal_bench.study.records.load_record` checks each record against the v2 schema (and migrates a v1
 record); what is read here is what the schema leaves open: names that must be non-empty,
 numbers that key rows, and values that may be missing (a method without latency, a metric
 that measured nothing), which become NaN.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
-from dihal_bench.records import (
+from dihal_bench.study.records import (
     DAMAGED,
     RECORD_FORMAT,
     UNVERIFIED,
@@ -45,7 +45,7 @@ METHOD_CORE_VALUES = {
 METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer")
 #: Per-layer values of the sweep (core: the runner writes them for every swept layer).
 SWEEP_KEYS = ("bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl")
-#: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.stats' output).
+#: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.numerics.stats' output).
 CORRELATION_KEYS = ("spearman", "spearman_low", "spearman_high", "spearman_p", "kendall", "kendall_low",
                     "kendall_high", "kendall_p", "partial_spearman_given_depth")
 #: The sweep's correlation sets: key -> the suffix of its proxy rows ("" for the standardised MSE).
@@ -304,7 +304,7 @@ class RankSeries:
     """One seed's swept layers as rank tests read them: each series (S(ℓ), each proxy signed so
     that higher is better, each other preprocessing's S(ℓ), ``depth`` = −ℓ) and each bridge-error
     target negated (key: the proxy-row suffix of `CORRELATION_SETS`), over the swept layers that
-    locate scored, shallowest first. The same series `dihal_bench.sweep.layer_correlations` builds."""
+    locate scored, shallowest first. The same series `dihal_bench.hybrid.sweep.layer_correlations` builds."""
 
     layers: list[int]
     series: dict[str, list[float]]

@@ -3,7 +3,7 @@
 Names in a record (suite, backbone, evaluator, corpus, method, proxy and metric names, the
 record's own file name) are data, not markup: every format escapes them (`markdown_text`,
 `latex_text`, `html.escape`, CSV quoting), and folder names are built from them only
-through `dihal_bench.records.slug`.
+through `dihal_bench.study.records.slug`.
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
 from dihal_bench.lm_eval.model import INSTALL_HINT, DihalLM, require_lm_eval
 from dihal_bench.lm_eval.record import attach_to_record, model_args_from_record
 from dihal_bench.lm_eval.scorer import load_scorer
 from dihal_bench.lm_eval.task import LOCAL_TASK, local_task_config
-from dihal_bench.records import write_json_atomic
 
 __all__ = ["INSTALL_HINT", "LOCAL_TASK", "DihalLM", "attach_to_record", "load_scorer", "local_task_config",
            "model_args_from_record", "run_lm_eval"]

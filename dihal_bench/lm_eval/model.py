@@ -23,10 +23,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from dihal_bench.backbone import Backbone
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.sampling import check_sampling, sample_next_token
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import LowerStack
-from dihal_bench.sampling import check_sampling, sample_next_token
+from dihal_bench.hybrid.model import LowerStack
 from dihal_bench.lm_eval.scorer import Scorer, load_scorer
 
 try:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.records import INTEGRITY, load_record, write_json_atomic, write_record
+from dihal_bench.study.records import INTEGRITY, load_record, write_record
 
 
 def is_intact_backbone(method: dict) -> bool:
     """Whether a record's method is the intact backbone: a baseline outside the matched budget
-    that trained no parameters (``dihal_bench.runner.baseline_method`` records both)."""
+    that trained no parameters (``dihal_bench.study.runner.baseline_method`` records both)."""
     trained = method.get("parameters") or {}
     return method.get("kind") == "baseline" and method.get("in_budget") is False and not any(trained.values())
 

@@ -15,11 +15,12 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from dihal_bench.backbone import Backbone, load_backbone
-from dihal_bench.bridge import HiddenStateBridge
-from dihal_bench.bridge_io import load_bridge_checkpoint, read_bridge_meta
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.bridge import HiddenStateBridge
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import HybridLM, LowerStack
+from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, read_bridge_meta
+from dihal_bench.hybrid.model import HybridLM, LowerStack
+from dihal_bench.registry.resolve import load_backbone
 
 #: the longest window scored by default: lm-eval's own fallback length, and a bound on the
 #: (B, T, vocabulary) logits a CPU must hold when a model's context runs to 32k tokens or more

@@ -6,10 +6,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from dihal_bench.cache import cache_root
-from dihal_bench.corpus import canonical_split, load_corpus
+from dihal_bench.api.corpus import canonical_split
+from dihal_bench.base.cache import cache_root
+from dihal_bench.base.files import write_text_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.records import write_text_atomic
+from dihal_bench.registry.resolve import load_corpus
 
 #: the task name that `run_lm_eval` replaces with `local_task_config(corpus)`
 LOCAL_TASK = "dihal-local"

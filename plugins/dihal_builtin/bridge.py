@@ -61,11 +61,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dihal_bench import hookimpl
-from dihal_bench.bridge import HiddenStateBridge, SampleCache, hold_sink
+from dihal_bench.api.bridge import HiddenStateBridge, SampleCache, hold_sink
 from dihal_bench.errors import DihalError
 
 from .layers import Block, timestep_embedding
-
 
 #: draws standard normal noise shaped like the state it is added to, only when a step needs it
 NoiseDraw = Callable[[], Tensor]

@@ -1,6 +1,6 @@
 """Built-in corpora: `stdlib-docs`, local `files`, and any Hugging Face `hf-dataset`.
 
-`dihal_bench.corpus.load_corpus` turns the string a user types (`--corpus ...`) into one of them.
+`dihal_bench.registry.resolve.load_corpus` turns the string a user types (`--corpus ...`) into one of them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dihal_bench import hookimpl
-from dihal_bench.corpus import DEFAULT_SPLIT_FRACTIONS, Corpus, Document
+from dihal_bench.api.corpus import DEFAULT_SPLIT_FRACTIONS, Corpus, Document
 from dihal_bench.errors import DihalError
 
 #: the file types `files` reads

@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from dihal_bench.cache import cache_root
+from dihal_bench.base.cache import cache_root
+from dihal_bench.base.files import current_umask, file_sha256, write_safetensors_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.records import current_umask, file_sha256, write_safetensors_atomic
 
 from .hf_backbone import HFBackbone, resolve_dtype
 

@@ -18,7 +18,7 @@ from transformers.masking_utils import (
     create_sliding_window_causal_mask,
 )
 
-from dihal_bench.backbone import Backbone
+from dihal_bench.api.backbone import Backbone
 from dihal_bench.errors import DihalError
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

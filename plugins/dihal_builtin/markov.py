@@ -1,7 +1,7 @@
 """The `markov` corpus, a synthetic language with an exact entropy rate, and the exact metrics
 that score samples against it (docs/known-answers.md).
 
-The corpus writes windows of a seeded `dihal_bench.markov.MarkovChain` as English text: state v
+The corpus writes windows of a seeded `dihal_bench.numerics.markov.MarkovChain` as English text: state v
 is the v-th word of ``WORDS``, each written with a leading space, which SmolLM2's tokenizer reads
 as one token (tests/test_markov.py checks every word), so each method's tokenizer, embeddings
 and text path are the real ones while the source's distribution is known exactly.
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 import torch
 
 from dihal_bench import hookimpl
-from dihal_bench.corpus import DEFAULT_SPLIT_FRACTIONS, Corpus, Document
+from dihal_bench.api.corpus import DEFAULT_SPLIT_FRACTIONS, Corpus, Document
+from dihal_bench.api.metrics import MetricContext, SampleSet
 from dihal_bench.errors import DihalError
-from dihal_bench.markov import DEFAULT_SMOOTHING, UNKNOWN, MarkovChain
-from dihal_bench.metrics import MetricContext, SampleSet
-from dihal_bench.training import derived_seed
+from dihal_bench.numerics.markov import DEFAULT_SMOOTHING, UNKNOWN, MarkovChain
+from dihal_bench.training.loop import derived_seed
 
 #: the chain's words, in state order: frequent English words that SmolLM2's tokenizer reads as one
 #: token each when written with a leading space; a chain of V states uses the first V

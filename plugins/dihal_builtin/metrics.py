@@ -7,12 +7,12 @@ metric plugins. A registered metric returns its value under its own name plus th
 it was computed on; when the samples leave nothing to measure it returns None and a
 `warning` instead of raising, so one degenerate method does not stop a suite.
 
-Gen.PPL and MAUVE read the same samples, the valid ones (`dihal_bench.metrics.invalid_reason`
+Gen.PPL and MAUVE read the same samples, the valid ones (`dihal_bench.api.metrics.invalid_reason`
 with the evaluator's token count), and one evaluator pass (`evaluate_texts`) serves both.
 Entropy and diversity read every sample. See docs/method.md#metrics.
 
 Rank correlations across layers are not per-sample metrics: they live in the core,
-`dihal_bench.stats`.
+`dihal_bench.numerics.stats`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dihal_bench import hookimpl
-from dihal_bench.errors import DihalError
-from dihal_bench.memo import LastResult
-from dihal_bench.metrics import (
+from dihal_bench.api.metrics import (
     Evaluator,
     EvaluatorPass,
     MetricContext,
@@ -34,6 +32,8 @@ from dihal_bench.metrics import (
     invalid_reason,
     prefix_features,
 )
+from dihal_bench.base.memo import LastResult
+from dihal_bench.errors import DihalError
 
 #: MAUVE needs at least this many samples on each side to form two histogram buckets.
 MAUVE_MIN_SAMPLES = 10
@@ -337,7 +337,7 @@ def _perplexity_metric(name: str, aggregate: Callable[[np.ndarray, np.ndarray], 
 def _per_sample(evaluation: EvaluatorPass, reasons: list[str | None]) -> MetricResult:
     """Each sample's summed NLL (None where invalid: Gen.PPL leaves it out) and scored token count,
     in sample order, so that a difference of Gen.PPLs can be bootstrapped over samples, paired by
-    index (`dihal_bench.stats.paired_log_ppl_difference`). Recorded even when the method is flagged."""
+    index (`dihal_bench.numerics.stats.paired_log_ppl_difference`). Recorded even when the method is flagged."""
     return {"nll_per_sample": [None if reason is not None else float(nll)
                                for nll, reason in zip(evaluation.nll_sums, reasons)],
             "tokens_per_sample": [int(count) for count in evaluation.counts]}
@@ -403,6 +403,7 @@ def register_metrics(register):
         description="generative perplexity under the evaluator, corpus level: exp(sum NLL / sum tokens) (MDLM)",
         higher_is_better=False,
         display_name="Gen.PPL",
+        default=True,
     )
     register(
         "gen_ppl_sample_mean",
@@ -410,6 +411,7 @@ def register_metrics(register):
         description="generative perplexity under the evaluator, mean of per-sample perplexities (SEDD, LD4LG)",
         higher_is_better=False,
         display_name="Gen.PPL (mean)",
+        default=True,
     )
     register(
         "entropy",
@@ -417,6 +419,7 @@ def register_metrics(register):
         description="mean per-sample unigram entropy of the generated token ids, nats (ReMDM)",
         higher_is_better=True,
         display_name="Entropy",
+        default=True,
     )
     register(
         "diversity",
@@ -424,6 +427,7 @@ def register_metrics(register):
         description="product over n=2,3,4 of distinct/total n-grams per text, whitespace tokens (SimCTG)",
         higher_is_better=True,
         display_name="Diversity",
+        default=True,
     )
     register(
         "diversity_pooled",
@@ -431,6 +435,7 @@ def register_metrics(register):
         description="product over n=2,3,4 of distinct/total n-grams pooled over all samples, whitespace tokens (LD4LG)",
         higher_is_better=True,
         display_name="Diversity (pooled)",
+        default=True,
     )
     register(
         "mauve",
@@ -439,4 +444,5 @@ def register_metrics(register):
         "with a bootstrap 95% interval (needs dihal-bench[mauve])",
         higher_is_better=True,
         display_name="MAUVE",
+        default=True,
     )

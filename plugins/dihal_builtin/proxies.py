@@ -2,7 +2,7 @@
 
 Every proxy is a plain function ``fn(hidden, *, <constants>, seed=0) -> float`` on an
 (N, d) tensor of one layer's hidden states, already preprocessed by the harness
-(``dihal_bench.geometry.preprocess``; by default centred and scaled to unit average
+(``dihal_bench.locate.geometry.preprocess``; by default centred and scaled to unit average
 per-dimension variance). Keyword constants are the proxy's parameters: the harness records
 them in the run and lets the user override them. All arithmetic is in float64.
 

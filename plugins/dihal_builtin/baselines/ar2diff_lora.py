@@ -12,10 +12,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.sampling import sample_next_token
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import sample_next_token
+from dihal_bench.training.budget import Budget
 
 from .lora import LoRABaseline, LoRAOptions, output_logits
 

@@ -10,14 +10,14 @@ import torch
 from torch import Tensor, nn
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import CONFIG_FILE, Baseline, read_config
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.baseline import CONFIG_FILE, Baseline, read_config
+from dihal_bench.api.sampling import check_sampling
+from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import intact_control
-from dihal_bench.records import write_json_atomic
-from dihal_bench.sampling import check_sampling
-from dihal_bench.training import TrainResult
+from dihal_bench.hybrid.model import intact_control
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import TrainResult
 
 from .common import parse_options
 
@@ -33,7 +33,7 @@ class ARBackbone(Baseline):
     key/value cache, from the start token: the tokenizer's BOS, or its EOS where there is no
     BOS (SmolLM2 defines ``<|im_start|>`` as BOS but never adds it to text; the start token is
     not part of the T returned tokens). Decoding is the hybrid's own loop
-    (``dihal_bench.hybrid.intact_control``), so the backbone and DiHAL are sampled identically.
+    (``dihal_bench.hybrid.model.intact_control``), so the backbone and DiHAL are sampled identically.
 
     ``in_budget = False``: nothing is trained, so fit() takes no step, save() writes only the
     configuration and load() reads only that.

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from dihal_bench import hookimpl
-from dihal_bench.sampling import sample_next_token
+from dihal_bench.api.sampling import sample_next_token
 
 from .lora import LoRABaseline
 

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.sampling import check_sampling, sample_next_token
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling, sample_next_token
+from dihal_bench.training.budget import Budget
 
 from ..layers import Block
 from .common import (
@@ -109,7 +109,7 @@ class ARScratch(CompactVocabularyBaseline):
     two rows differ in the generation order and the loss, not the network. A window's first
     token is predicted from a learned start vector (no special token: packed windows hold none),
     so the loss is the mean cross-entropy of all T tokens. Sampling draws T tokens left to right
-    with the suite's one sampler (``dihal_bench.sampling.sample_next_token``) at ``temperature``
+    with the suite's one sampler (``dihal_bench.api.sampling.sample_next_token``) at ``temperature``
     and ``top_p``, never a special token, with a key/value cache (one position per forward step).
     """
 

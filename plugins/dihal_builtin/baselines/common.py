@@ -32,12 +32,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import CONFIG_FILE, Baseline
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.baseline import CONFIG_FILE, Baseline
+from dihal_bench.api.sampling import sample_next_token, special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import sample_next_token, special_ids
-from dihal_bench.training import TrainResult
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import TrainResult
 
 from ..layers import Block, timestep_embedding
 
@@ -90,7 +90,7 @@ class CompactVocabulary:
     Why: a table row of a token absent from the training data is never trained, yet the
     rounding argmax and the decoders' softmax would still pick it (SmolLM2 has 49,152 ids, a
     corpus's training split may use ~6k). No special token is added: packed windows hold none
-    (``dihal_bench.corpus.tokenize_documents``) and no sample is meant to contain one, so a
+    (``dihal_bench.api.corpus.tokenize_documents``) and no sample is meant to contain one, so a
     special id is in the vocabulary only where the training text itself holds it, and the
     baselines never emit it (``DiffusionBaseline.banned``).
     """
@@ -532,7 +532,7 @@ class TokenDecoder(nn.Module):
     def generate(self, memory: Tensor, table: Tensor, length: int, temperature: float, top_p: float,
                  generator: torch.Generator, banned: list[int] | None = None) -> Tensor:
         """Row ids of ``table`` (n, length), one position at a time, each drawn by the suite's one
-        sampler (``dihal_bench.sampling.sample_next_token``) at ``temperature`` (0: greedy) and
+        sampler (``dihal_bench.api.sampling.sample_next_token``) at ``temperature`` (0: greedy) and
         ``top_p``, never one in ``banned``. The whole prefix is re-run at each step (T ≤ max_len
         is short; no cache needed)."""
         output_embeddings = self.out_proj(table)

@@ -13,11 +13,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling
-from dihal_bench.training import TrainResult, batch_indices, train
+from dihal_bench.training.budget import Budget
+from dihal_bench.training.loop import TrainResult, batch_indices, train
 
 from ..layers import Block
 from .common import (

@@ -14,12 +14,12 @@ import torch
 from peft import LoraConfig, inject_adapter_in_model
 from torch import Tensor, nn
 
-from dihal_bench.backbone import Backbone
-from dihal_bench.baseline import Baseline
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.baseline import Baseline
+from dihal_bench.api.sampling import check_sampling, special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid import start_token_id
-from dihal_bench.sampling import check_sampling, special_ids
+from dihal_bench.hybrid.model import start_token_id
+from dihal_bench.training.budget import Budget
 
 from .common import parse_options, seeded_init
 

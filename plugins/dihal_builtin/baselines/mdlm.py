@@ -14,10 +14,10 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling
+from dihal_bench.training.budget import Budget
 
 from ..layers import Block
 from .common import (
@@ -165,7 +165,7 @@ def masked_diffusion_loss(log_probs_of: LogProbs, x0: Tensor, mask_id: int, gene
 def token_probabilities(log_probs: Tensor, temperature: float, top_p: float, banned: list[int]) -> Tensor:
     """float64 probabilities (m, V) from log p_θ rows (m, V): the ``banned`` tokens removed, then
     softmax(log p / temperature) cut to its nucleus (the most probable tokens whose mass before
-    them is below ``top_p``; the top one always stays), as ``dihal_bench.sampling`` does; at
+    them is below ``top_p``; the top one always stays), as ``dihal_bench.api.sampling`` does; at
     temperature 0 all mass on the most probable allowed token."""
     log_probs = log_probs.double()
     if banned:

@@ -10,9 +10,9 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
-from dihal_bench.backbone import Backbone
-from dihal_bench.budget import Budget
+from dihal_bench.api.backbone import Backbone
 from dihal_bench.errors import DihalError
+from dihal_bench.training.budget import Budget
 
 from .common import (
     CompactVocabulary,

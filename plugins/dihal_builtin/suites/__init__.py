@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from dihal_bench import hookimpl
-from dihal_bench.suite import (
+from dihal_bench.config.suite import (
     tomllib,  # the standard library's, or tomli before Python 3.11
 )
 

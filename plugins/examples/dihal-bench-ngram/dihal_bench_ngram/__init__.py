@@ -32,10 +32,10 @@ from torch import Tensor, nn
 
 # Everything this plugin takes from dihal-bench, in one place.
 from dihal_bench import hookimpl
-from dihal_bench.baseline import CONFIG_FILE, Baseline, read_config
+from dihal_bench.api.baseline import CONFIG_FILE, Baseline, read_config
+from dihal_bench.api.sampling import check_sampling, sample_next_token, special_ids
 from dihal_bench.errors import DihalError
-from dihal_bench.sampling import check_sampling, sample_next_token, special_ids
-from dihal_bench.training import TrainResult
+from dihal_bench.training.loop import TrainResult
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,56 @@
+"""Names to built plugins: what a suite or a command names (a registered name, or a reference a
+plugin handles) resolved through the registry and built by its factory. The contracts in
+``dihal_bench.api`` never look names up; this module is where that happens."""
+
+from __future__ import annotations
+
+import torch
+
+from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.bridge import HiddenStateBridge
+from dihal_bench.api.corpus import Corpus
+from dihal_bench.errors import DihalError
+from dihal_bench.registry.plugins import build_named, get_registry
+
+
+def load_backbone(name: str, **options) -> Backbone:
+    """A registered backbone name, or a reference a backbone plugin handles (the built-in ``hf``
+    takes any Hugging Face model id or local model directory)."""
+    return build_named("backbone", name, **options)
+
+
+def backbone_factory(name: str):
+    """(the backbone factory, its positional arguments) for ``name``, without loading
+    anything: what the pre-flight check of a suite calls to refuse an unknown backbone up front.
+    See :meth:`dihal_bench.registry.plugins.Registry.resolve`."""
+    registration, arguments = get_registry().resolve("backbone", name)
+    return registration.obj, arguments
+
+
+def load_corpus(spec: str, **options) -> Corpus:
+    """The corpus a user names: a registered name (``stdlib-docs``) or a reference a corpus
+    plugin handles (the built-ins take a local .txt/.jsonl/.parquet file or directory of them,
+    and ``hf:<dataset>[:<config>]`` for any `datasets` dataset)."""
+    # through the registry's factory call, so a corpus plugin that raises is named in one line
+    return build_named("corpus", spec, **options)
+
+
+def corpus_factory(spec: str):
+    """(the corpus factory, its positional arguments) for ``spec``, without loading anything:
+    what the pre-flight check of a suite calls to refuse an unknown corpus up front. See
+    :meth:`dihal_bench.registry.plugins.Registry.resolve`."""
+    registration, args = get_registry().resolve("corpus", spec)
+    return registration.obj, args
+
+
+@torch.no_grad()
+def build_bridge(name: str, *args, **options) -> HiddenStateBridge:
+    """The registered bridge ``name`` built by its factory; registration only checks that the
+    factory is callable, so what it returns is checked here."""
+    registration = get_registry().get("bridge", name)
+    bridge = registration.obj(*args, **options)
+    if not isinstance(bridge, HiddenStateBridge):
+        raise DihalError(f"bridge {name!r} ({registration.source}) built a {type(bridge).__qualname__}, "
+                         "not a dihal_bench.api.bridge.HiddenStateBridge")
+    return bridge
+

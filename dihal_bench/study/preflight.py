@@ -1,0 +1,170 @@
+"""Checks that run before any work: every name a suite or command uses is registered (or is a
+reference a plugin handles), every plugin option is one the plugin takes with a value of its
+type, every device can be used, every output folder can be written, the job store is free and a
+Ray address answers.
+
+A study that fails on its evaluator's name after an hour of training, or on a read-only results
+folder after all the work is done, wastes the user's time; so ``dihal-bench run`` and every
+single-stage command call these first and stop with one ``Error:`` line.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.errors import DihalError
+from dihal_bench.registry.options import check_options, check_registered
+
+
+def check_device(device: str, key: str = "device", *, here: bool = True) -> None:
+    """``device`` is a string torch parses naming a supported device type, and (``here``) one
+    this machine has."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise DihalError(f"{key} {device!r} is not a torch device ({str(exc).splitlines()[0]}); "
+                         "use cpu, cuda, cuda:N or mps") from None
+    if parsed.type not in ("cpu", "cuda", "mps"):
+        raise DihalError(f"{key} {device!r}: unsupported device type {parsed.type!r}; use cpu, cuda or mps")
+    if not here:
+        return
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DihalError(f"{key} {device!r}: CUDA is not available on this machine")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise DihalError(f"{key} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise DihalError(f"{key} {device!r}: MPS is not available on this machine")
+
+
+def check_dtype(dtype: str, key: str = "dtype") -> None:
+    from dihal_bench.config.suite import DTYPES
+
+    if dtype not in DTYPES:
+        raise DihalError(f"{key} {dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def check_writable(folder: Path, what: str) -> None:
+    """Prove a file can be written in ``folder``, leaving nothing behind: the folders this check
+    creates (and its probe file) are removed again, so a refused command writes nothing."""
+    folder = Path(folder)
+    missing = []
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=".dihal-write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise DihalError(f"cannot write to the {what} {str(folder)!r}: {exc.strerror or exc}") from None
+    finally:
+        for created in missing:  # deepest first
+            try:
+                created.rmdir()
+            except OSError:
+                break
+
+
+def check_backbone_name(name: str, key: str = "backbone") -> None:
+    from dihal_bench.registry.resolve import backbone_factory
+
+    _named(backbone_factory, name, key, "backbone")
+
+
+def check_corpus_name(spec: str, key: str = "corpus") -> None:
+    from dihal_bench.registry.resolve import corpus_factory
+
+    _named(corpus_factory, spec, key, "corpus")
+
+
+def _named(resolve, name: str, key: str, kind: str) -> None:
+    """``resolve(name)``, its error prefixed with the setting's key where the message alone
+    would not say which setting it is about (an evaluator is a backbone too)."""
+    try:
+        resolve(name)
+    except DihalError as exc:
+        if key in (kind, f"--{kind}"):
+            raise
+        raise DihalError(f"{key}: {exc}") from None
+
+
+def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, here: bool = True) -> None:
+    """Everything about a resolved suite (see :func:`dihal_bench.config.suite.check_values` for its values)
+    that can be known without loading a model; ``folders`` maps a description to a folder that
+    must be writable (the job store, the results folder). ``here=False`` (a dry-run planning for
+    another machine) does not ask whether this machine has the suite's device."""
+    check_backbone_name(config.backbone, "backbone")
+    check_backbone_name(config.evaluator, "evaluator")
+    check_corpus_name(config.corpus)
+    check_device(config.device, here=here)
+    check_dtype(config.dtype)
+    check_registered("proxy", config.locate.proxies, "locate.proxies")
+    check_registered("bridge", [config.bridge.name], "bridge.name")
+    check_options("bridge", config.bridge.name, dict(config.bridge.options), "bridge.options", harness_arguments=1)
+    check_registered("baseline", config.methods.baselines, "methods.baselines")
+    check_registered("metric", config.metrics.names, "metrics.names")
+    for what, folder in (folders or {}).items():
+        check_writable(folder, what)
+
+
+# -- the job store and the Ray cluster, before any model loads --------------------------------
+
+
+def check_store_free(root: Path) -> None:
+    """DihalError when another run holds the job store ``root`` (see
+    :meth:`dihal_bench.study.jobs.JobStore.lock`), found without creating anything: a second run is
+    told so before it loads its models, not after. The run still takes the lock itself later;
+    this only moves the common refusal ahead of the slow part."""
+    import fcntl
+
+    from dihal_bench.study.jobs import LOCK
+
+    path = Path(root) / LOCK
+    try:
+        handle = path.open("r")
+    except OSError:  # no store yet, or one this user cannot open: the lock itself will say
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip() or "unknown"
+            raise DihalError(f"job store {root} is in use by another dihal-bench run (pid {holder}); "
+                             f"wait for it or use another --out") from None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: seconds a Ray address has to accept a connection: a cluster's head answers at once
+RAY_CONNECT_TIMEOUT = 5.0
+
+
+def check_ray_address(address: str | None, timeout: float = RAY_CONNECT_TIMEOUT) -> None:
+    """A Ray address given as ``[ray://]host:port`` accepts a TCP connection within
+    ``timeout`` seconds (Ray's own client retries a dead address for many minutes, with the
+    run's store locked). ``auto``, ``local`` and no address are left to Ray."""
+    import socket
+
+    if not address or address in ("auto", "local"):
+        return
+    where = address.removeprefix("ray://")
+    host, sep, port_text = where.rpartition(":")
+    host = host.strip("[]")  # [::1]:6379
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise DihalError(f"--address {address!r} is not host:port (or ray://host:port, auto, local)")
+    try:
+        with socket.create_connection((host, int(port_text)), timeout=timeout):
+            pass
+    except socket.gaierror as exc:
+        raise DihalError(f"--address {address!r}: unknown host {host!r} ({exc.strerror or exc})") from None
+    except OSError as exc:
+        reason = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise DihalError(f"--address {address!r}: no Ray cluster answers there ({reason}); start one with "
+                         "`ray start --head` or check the address") from None

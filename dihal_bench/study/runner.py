@@ -1,0 +1,255 @@
+"""``dihal-bench run``: the whole study as resumable jobs (docs/method.md#suites).
+
+Read top to bottom, :func:`study_seeds` is the study: locate → bridge targets → bridge sweep →
+every method (DiHAL at ℓ*, the worst-scored and the oracle layer, controls, references, baselines)
+→ the steps axis → metrics → latency, the units of :func:`dihal_bench.study.plan.seed_units`. Each
+stage is one executor call holding that stage's items *of every seed*, so that a pool of workers
+is filled by all seeds at once (latency excepted: it times decodes, one seed at a time, alone); a
+stage needs the ones before it. The units themselves live in
+``dihal_bench.study.stages``, one module per stage; each is made of jobs keyed by a hash of their
+inputs (``dihal_bench.study.jobs``), so an interrupted run restarts where it stopped and gives the
+same numbers. The run ends with one sealed record in the results folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dihal_bench.base.provenance import environment
+from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid.sweep import layer_correlations
+from dihal_bench.hybrid.training import BridgeSpec
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.study.executors import Executor, Item, LocalExecutor
+from dihal_bench.study.identities import metric_names
+from dihal_bench.study.plan import (
+    auto_sweep_layers,
+    budget_sections,
+    seed_units,
+    steps_axis_points,
+    steps_label,
+)
+from dihal_bench.study.preflight import check_suite
+from dihal_bench.study.progress import Progress
+from dihal_bench.study.protocol import bridge_spec, matched_budget
+from dihal_bench.study.records import (
+    RECORD_FORMAT,
+    metric_description,
+    record_problem,
+    slug,
+    write_record,
+)
+from dihal_bench.study.run import Run
+from dihal_bench.study.samples import EXAMPLES, read_samples
+from dihal_bench.study.stages.latency import latency_unit
+from dihal_bench.study.stages.locate import LOCATE_KEYS, locate_unit
+from dihal_bench.study.stages.methods import method_row
+from dihal_bench.study.stages.metrics import metrics_unit
+from dihal_bench.study.stages.steps_axis import steps_point
+from dihal_bench.study.stages.sweep import CORRELATION_TARGETS, sweep_layer
+from dihal_bench.study.stages.targets import bridge_targets
+from dihal_bench.training.budget import Budget
+
+
+@dataclass
+class SeedStudy:
+    """One seed's state as the stages fill it in: what a later stage of the same seed reads."""
+
+    seed: int
+    located: dict = field(default_factory=dict)
+    layers: list[int] = field(default_factory=list)  # the swept layers
+    data_layers: list[int] = field(default_factory=list)  # every layer a bridge of this seed is trained at
+    sweep_spec: BridgeSpec | None = None
+    spec: BridgeSpec | None = None  # the matched budget's bridge
+    budget: Budget | None = None  # the matched budget
+    targets: dict[int, dict] = field(default_factory=dict)  # bridge-targets results by sequence length
+    sweep_rows: list[dict] = field(default_factory=list)
+    roles: dict[str, int] = field(default_factory=dict)
+    methods: dict[str, dict] = field(default_factory=dict)
+    steps_axis: list[dict] = field(default_factory=list)
+
+    def stage_budgets(self, config: SuiteConfig, num_layers: int) -> list[Budget]:
+        """The budgets whose training data the bridge targets must hold."""
+        by_section = {"sweep.budget": self.sweep_spec.budget, "budget": self.spec.budget}
+        return [by_section[section] for section in budget_sections(config, num_layers, bridge_targets=True)]
+
+
+def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
+              results_dir: Path = Path("runs/results"), progress: bool = True,
+              executor: Executor | None = None) -> Path:
+    """Run every stage for every seed and write the run record; returns its path. ``executor``
+    says where the units of work run (dihal_bench.study.executors; in order in this process by default)."""
+    executor = executor or LocalExecutor()
+    check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
+                here=executor.computes_here)
+    run = Run(suite, config, out_root, progress, device=executor.driver_device)
+    run.check_inputs()
+    plans = {seed: seed_units(config, run.backbone.num_layers) for seed in config.seeds}
+    tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress)
+    with run.store.lock(), executor.start(run, tracker):
+        started = time.perf_counter()
+        per_seed = study_seeds(run, executor, list(config.seeds))
+        tracker.close()
+        tracker.check_complete()
+        for i, entry in enumerate(per_seed):
+            seconds = tracker.seconds[entry["seed"]]
+            # a seed's compute time: the sum of its units' times (seeds share the wall clock)
+            per_seed[i] = {"seed": entry["seed"], "units": list(tracker.claimed[entry["seed"]]), **entry,
+                           "timings": {**seconds, "total_seconds": sum(seconds.values())}}
+        stage_totals: dict[str, float] = {}
+        for seconds in tracker.seconds.values():
+            for stage, value in seconds.items():
+                stage_totals[stage] = stage_totals.get(stage, 0.0) + value
+        record = {
+            "format": RECORD_FORMAT,
+            "suite": suite,
+            "backbone": config.backbone,
+            "corpus": config.corpus,
+            "evaluator": config.evaluator,
+            "seeds": list(config.seeds),
+            "config": config.to_dict(),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "environment": environment(),
+            "timings": {**stage_totals, "total_seconds": time.perf_counter() - started},
+            # relative to the working directory, as the schema says and lm_eval.record reads it
+            "jobs": os.path.relpath(run.store.root),
+            "metrics": {name: metric_description(get_registry().get("metric", name)) for name in metric_names(config)},
+            "per_seed": per_seed,
+        }
+        problem = record_problem(json.loads(json.dumps(record, default=str)))
+        if problem:  # a bug, not bad input: the record this code writes must follow its schema
+            raise AssertionError(f"the run record does not follow its schema: {problem}")
+        path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
+        write_record(path, record, run.store.root)
+    return path
+
+
+def study_seeds(run: Run, executor: Executor, seeds: list[int]) -> list[dict]:
+    """Every seed's study, one stage at a time, each stage one executor call over all seeds' items;
+    the record's ``per_seed`` entries (without units and timings, which the run's progress holds)."""
+    config, num_layers = run.config, run.backbone.num_layers
+    studies = [SeedStudy(seed) for seed in seeds]
+
+    located = executor.map("locate", locate_unit, [Item("locate", (s.seed,), s.seed) for s in studies])
+    for study, found in zip(studies, located, strict=True):
+        plan_bridges(run, study, found)
+
+    items, owners = [], []
+    for study in studies:
+        budgets = study.stage_budgets(config, num_layers)
+        for length in sorted({b.seq_len for b in budgets}):
+            same_length = [b for b in budgets if b.seq_len == length]
+            items.append(Item(f"bridge targets T={length}", (study.seed, study.data_layers, same_length), study.seed))
+            owners.append((study, length))
+    for (study, length), result in zip(owners, executor.map("targets", bridge_targets, items), strict=True):
+        study.targets[length] = result
+
+    rows = each_seed(executor, "sweep", sweep_layer, studies, lambda s: [
+        Item(f"sweep layer {i + 1}/{len(s.layers)}", (s.sweep_spec, layer, s.data_layers, s.targets), s.seed)
+        for i, layer in enumerate(s.layers)])
+    for study, sweep_rows in zip(studies, rows, strict=True):
+        study.sweep_rows = sweep_rows
+        oracle = min(sweep_rows, key=lambda row: (row["bridge_mse"], row["layer"]))["layer"] if sweep_rows else None
+        study.roles["oracle"] = oracle if oracle is not None else study.roles["chosen"]
+
+    labels = method_labels(config)
+    made = each_seed(executor, "methods", method_row, studies, lambda s: [
+        Item(label, (kind, name, s.roles, s.spec, s.budget, s.seed, s.data_layers, s.targets), s.seed)
+        for label, kind, name in labels])
+    for study, methods in zip(studies, made, strict=True):
+        study.methods = {label: method for (label, _, _), method in zip(labels, methods, strict=True)}
+
+    points = each_seed(executor, "steps", steps_point, studies, lambda s: [
+        Item(steps_label(k, sampler), (s.methods["dihal-chosen"], s.spec, k, s.seed, s.data_layers, sampler), s.seed)
+        for sampler, k in steps_axis_points(config)])
+    for study, steps_axis in zip(studies, points, strict=True):
+        study.steps_axis = steps_axis
+
+    references = {s.seed: run.reference_texts(config.sampling.samples, config.sampling.seq_len, s.seed)
+                  for s in studies}
+    scores = each_seed(executor, "metrics", metrics_unit, studies, lambda s: [
+        Item(f"metrics {name}", (name, method, references[s.seed], s.seed), s.seed) for name, method in s.methods.items()])
+    for study, metrics in zip(studies, scores, strict=True):
+        for method, values in zip(study.methods.values(), metrics, strict=True):
+            method["metrics"] = values
+
+    # one seed at a time: a latency job times decodes, so it must not share the machine with another
+    latency_of = {s.seed: executor.map("latency", latency_unit, [
+        Item("latency", (s.methods, s.roles, s.spec, s.budget, s.seed), s.seed)])[0] for s in studies if s.methods}
+    return [seed_entry(run, study, latency_of.get(study.seed, {})) for study in studies]
+
+
+def plan_bridges(run: Run, study: SeedStudy, located: dict) -> None:
+    """From locate's scores: ℓ*, the worst-scored layer, the swept layers and the bridge specs."""
+    config, num_layers = run.config, run.backbone.num_layers
+    score = dict(zip(located["layers"], located["score"], strict=True))
+    chosen = located["chosen_layer"]
+    worst = min(located["layers"], key=lambda layer: (score[layer], layer))
+    explicit = config.sweep.layers
+    # every DiHAL role's layer has a sweep row: ℓ* and the worst-scored layer join an automatic sweep
+    study.layers = list(explicit) if explicit != "auto" else auto_sweep_layers(num_layers, {chosen, worst},
+                                                                               config.sweep.count)
+    study.located, study.roles = located, {"chosen": chosen, "worst": worst}
+    study.data_layers = sorted({*study.layers, chosen, worst})
+    study.sweep_spec = bridge_spec(config, "sweep.budget", study.seed)
+    study.spec = bridge_spec(config, "budget", study.seed)
+    study.budget = matched_budget(config, study.seed, run.backbone.width)
+
+
+def each_seed(executor: Executor, stage: str, fn, studies: list[SeedStudy], items_of) -> list[list]:
+    """One executor call over every seed's items of a stage; the results split back per seed."""
+    per_seed = [items_of(study) for study in studies]
+    results = executor.map(stage, fn, [item for items in per_seed for item in items])
+    split, start = [], 0
+    for items in per_seed:
+        split.append(results[start:start + len(items)])
+        start += len(items)
+    return split
+
+
+def method_labels(config: SuiteConfig) -> list[tuple[str, str, str]]:
+    """(row label, kind, name) of every method row, in the plan's order."""
+    return ([(f"dihal-{role}", "dihal", role) for role in config.methods.dihal]
+            + [(f"control-{name}", "control", name) for name in config.methods.controls]
+            + [(f"reference-{name}", "reference", name) for name in config.methods.references]
+            + [(name, "baseline", name) for name in config.methods.baselines])
+
+
+def seed_entry(run: Run, study: SeedStudy, latency: dict) -> dict:
+    """The record's ``per_seed`` entry of one finished seed."""
+    correlations = {target: layer_correlations(study.located, study.sweep_rows, study.seed, target)
+                    for target in CORRELATION_TARGETS}
+    for name, method in study.methods.items():
+        method["latency"] = latency.get(name)
+        method["samples"]["examples"] = read_samples(run.store.resolve(method["samples"]["path"]))[0][:EXAMPLES]
+    return {
+        "seed": study.seed,
+        "locate": {key: study.located[key] for key in LOCATE_KEYS if key in study.located},
+        "sweep": {"layers": study.sweep_rows, "budget": study.sweep_spec.budget.to_dict(),
+                  "correlations": correlations["bridge_mse"], "correlations_trace": correlations["bridge_mse_trace"]},
+        "roles": study.roles,
+        "budget": study.budget.to_dict(),
+        "methods": study.methods,
+        **({"steps_axis": study.steps_axis} if study.steps_axis else {}),
+    }
+
+
+def _new_record_path(folder: Path, stem: str) -> Path:
+    """A record name no other run has taken: the time to the second, then -2, -3, ... if two runs
+    finish within one second (claimed with O_EXCL, so two processes never pick the same name)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = folder / f"{stem}-{stamp}{'' if attempt == 1 else f'-{attempt}'}.json"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            continue
+    raise DihalError(f"cannot find a free record name for {stem} in {folder}")
