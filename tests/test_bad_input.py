@@ -2,7 +2,8 @@
 with one ``Error:`` line, exit code 2, no traceback, and nothing written.
 
 Every case here fails before a model is loaded (a plugin whose factory raises fails as its
-model would load), so the whole module takes seconds. A new bad input is one row of CASES:
+model would load; the built-in backbones' weights cannot load while a case runs), so the whole
+module takes seconds. A new bad input is one row of CASES:
 its name, the command line, and (``says``) the words the error line starts with.
 """
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 from dihal_bench import hookimpl
 from dihal_bench.cli import cli
+from dihal_bench.errors import DihalError
 from dihal_bench.registry.plugins import register_plugin, unregister_plugin
 from dihal_bench.study.records import seal_record
 
@@ -25,12 +27,22 @@ def _boom(*args, **options):
     raise RuntimeError("boom: the plugin's own bug")
 
 
+#: the depth and width ``shaped-bb`` describes
+SHAPED = {"layers": 4, "width": 16}
+
+
 class BoomPlugin:
-    """A backbone and a corpus whose factories raise, as a broken third-party plugin's would."""
+    """A backbone and a corpus whose factories raise, as a broken third-party plugin's would, and
+    ``shaped-bb``, whose factory raises too but whose ``describe`` and ``tokenizer`` hooks work:
+    a check refused with its shape was made without building it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
     @hookimpl
     def register_backbones(self, register):
         register("boom-bb", _boom)
+        register("shaped-bb", _boom, describe=lambda: dict(SHAPED), tokenizer=lambda: self.tokenizer)
 
     @hookimpl
     def register_corpora(self, register):
@@ -46,16 +58,31 @@ def _bridge_checkpoint(folder: str, **meta) -> None:
 
 
 @pytest.fixture(scope="module")
-def boom_plugin():
+def boom_plugin(char_tokenizer):
     """BoomPlugin registered for the whole module: a registry rebuild per case would cost more
     than all the cases together."""
-    register_plugin(BoomPlugin(), "boom-plugin")
+    register_plugin(BoomPlugin(char_tokenizer), "boom-plugin")
     yield
     unregister_plugin("boom-plugin")
 
 
+class _NoWeights:
+    @staticmethod
+    def from_pretrained(*args, **kwargs):
+        raise AssertionError("a bad-input case loaded model weights")
+
+
 @pytest.fixture
-def workspace(tmp_path, monkeypatch, boom_plugin) -> Path:
+def no_weights(monkeypatch):
+    """Every built-in backbone (the embedded ones, their cache build, any Hugging Face model)
+    loads its weights through this one call: a case that reaches it fails with that message."""
+    import dihal_builtin.hf_backbone
+
+    monkeypatch.setattr(dihal_builtin.hf_backbone, "AutoModelForCausalLM", _NoWeights)
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch, boom_plugin, no_weights) -> Path:
     """A working folder holding only the bad files the cases refer to; runs write under it."""
     monkeypatch.chdir(tmp_path)
     Path("binary.toml").write_bytes(b"\xff\xfe\x00 seeds = [0]\n\x9c")
@@ -72,6 +99,7 @@ def workspace(tmp_path, monkeypatch, boom_plugin) -> Path:
     _bridge_checkpoint("unknown_option", config={"width": 32, "nosuch": 1})
     _bridge_checkpoint("layer_text", layer="3")
     _bridge_checkpoint("no_sha256")
+    _bridge_checkpoint("layer_999", layer=999)
     meta = json.loads(Path("no_sha256/bridge.json").read_text())
     del meta["weights_sha256"]
     Path("no_sha256/bridge.json").write_text(json.dumps(meta))
@@ -317,6 +345,84 @@ CASES = {
     "lm-eval: output under a file": refused(
         "lm-eval", "--model-args", "backbone=smollm2-135m", "--out", "a_file/x",
         says="Error: cannot write to the output folder --out 'a_file/x'"),
+    # issue 24: what only the model or its data could refuse, refused from the backbone plugin's
+    # describe and tokenizer hooks before any weights load (the built-in ones, and shaped-bb's)
+    "run: tokens beyond the validation split": refused(
+        *RUN, "--suite", "smoke", "--set", "locate.tokens=1000000000",
+        says="Error: locate.tokens=1000000000 exceeds the "),
+    "run: drop_top beyond the width": refused(
+        *RUN, "--suite", "smoke", "--set", "locate.drop_top=100000",
+        says="Error: locate.drop_top=100000 would remove every one of the 576 hidden dimensions"),
+    "run: sweep layer beyond the backbone": refused(
+        *RUN, "--suite", "smoke", "--set", "sweep.layers=[3, 999]",
+        says="Error: layer 999 is out of range for smollm2-135m: choose 1..29 (30 layers)"),
+    "run: steps the training split cannot feed": refused(
+        *RUN, "--suite", "smoke", "--set", "budget.steps=1000000000",
+        says="Error: budget needs 4,000,000,000 training sequences"),
+    "run: shaped plugin, tokens beyond the validation split": refused(
+        *RUN, "--suite", "smoke", "--backbone", "shaped-bb", "--set", "locate.tokens=1000000000",
+        says="Error: locate.tokens=1000000000 exceeds the "),
+    "run: shaped plugin, drop_top beyond the width": refused(
+        *RUN, "--suite", "smoke", "--backbone", "shaped-bb", "--set", "locate.drop_top=16",
+        says="Error: locate.drop_top=16 would remove every one of the 16 hidden dimensions"),
+    "run: shaped plugin, sweep layer beyond it": refused(
+        *RUN, "--suite", "smoke", "--backbone", "shaped-bb", "--set", "sweep.layers=[4]",
+        says="Error: layer 4 is out of range for shaped-bb: choose 1..3 (4 layers)"),
+    "bridge train: layer beyond the backbone": refused(
+        "bridge", "train", "--layer", "999", "--out", "out/bridge",
+        says="Error: layer 999 is out of range for smollm2-135m: choose 1..29 (30 layers)"),
+    "bridge train: shaped plugin, layer beyond it": refused(
+        "bridge", "train", "--backbone", "shaped-bb", "--layer", "4", "--out", "out/bridge",
+        says="Error: layer 4 is out of range for shaped-bb: choose 1..3 (4 layers)"),
+    "bridge train: steps the training split cannot feed": refused(
+        "bridge", "train", "--layer", "3", "--set", "budget.steps=1000000000", "--out", "out/bridge",
+        says="Error: budget needs "),
+    "sweep: layer beyond the backbone": refused(
+        "sweep", "--layers", "3,999", "--out", "out/sweep",
+        says="Error: layer 999 is out of range for smollm2-135m"),
+    "sweep: steps the training split cannot feed": refused(
+        "sweep", "--set", "budget.steps=1000000000", "--out", "out/sweep", says="Error: budget needs "),
+    "sweep: no layer": refused("sweep", "--layers", ",", "--out", "out/sweep", says="Error: --layers names no layer"),
+    "baseline train: steps the training split cannot feed": refused(
+        "baseline", "train", "sed", "--set", "budget.steps=1000000000", "--out", "out/baseline",
+        says="Error: budget needs "),
+    "baseline train: shaped plugin, steps its tokens cannot feed": refused(
+        "baseline", "train", "sed", "--backbone", "shaped-bb", "--set", "budget.steps=1000000000",
+        "--out", "out/baseline", says="Error: budget needs "),
+    "locate: tokens beyond the validation split": refused(
+        "locate", "--tokens", "1000000000", "--out", "out/locate",
+        says="Error: --tokens=1000000000 exceeds the "),
+    "locate: drop-top beyond the width": refused(
+        "locate", "--drop-top", "100000", "--out", "out/locate",
+        says="Error: --drop-top=100000 would remove every one of the 576 hidden dimensions"),
+    "locate: gemma3 drop-top beyond its width": refused(
+        "locate", "--backbone", "gemma3-270m", "--drop-top", "640", "--out", "out/locate",
+        says="Error: --drop-top=640 would remove every one of the 640 hidden dimensions"),
+    "locate: shaped plugin, tokens beyond the validation split": refused(
+        "locate", "--backbone", "shaped-bb", "--tokens", "1000000000", "--out", "out/locate",
+        says="Error: --tokens=1000000000 exceeds the "),
+    "generate: checkpoint of a layer beyond its backbone": refused(
+        "generate", "--checkpoint", "layer_999",
+        says="Error: layer 999 is out of range for smollm2-135m"),
+    "lm-eval: layer beyond the backbone": refused(
+        "lm-eval", "--model-args", "backbone=smollm2-135m,layer=999",
+        says="Error: layer 999 is out of range for smollm2-135m"),
+    "lm-eval: device twice": refused(
+        "lm-eval", "--model-args", "backbone=smollm2-135m,device=cpu", "--device", "cpu",
+        says="Error: --device and device= in --model-args both say where to run"),
+    # issue 25: --device and --dtype on every command that loads a model
+    "bridge train: unknown device": refused(
+        "bridge", "train", "--layer", "3", "--device", "nosuch", "--out", "out/bridge",
+        says="Error: --device 'nosuch' is not a torch device"),
+    "sweep: unknown dtype": refused("sweep", "--dtype", "float8", "--out", "out/sweep",
+                                    says="Error: Invalid value for '--dtype'"),
+    "baseline train: device without CUDA": refused(
+        "baseline", "train", "sed", "--device", "cuda:7", "--out", "out/baseline",
+        says="Error: --device 'cuda:7': "),
+    "generate: unknown device": refused("generate", "--checkpoint", "layer_999", "--device", "nosuch",
+                                        says="Error: --device 'nosuch' is not a torch device"),
+    "check: unknown device": refused("check", "backbone", "smollm2-135m", "--device", "nosuch",
+                                     says="Error: --device 'nosuch' is not a torch device"),
 }
 
 
@@ -342,3 +448,37 @@ def test_overrides_that_look_odd_but_are_valid_are_taken(workspace, setting):
     section, _, field = key.partition(".")
     value = config[section][field] if field else config[section]
     assert value == {"budget.param_allowance=none": None, "budget.steps=1e2": 100, "seeds=[0, 1]": [0, 1]}[setting]
+
+
+def test_shape_and_tokenizer_come_from_the_hooks_without_building_the_backbone(boom_plugin, char_tokenizer):
+    from dihal_bench.registry.resolve import (
+        backbone_tokenizer,
+        describe_backbone,
+        load_backbone,
+    )
+
+    shape = describe_backbone("shaped-bb")
+    assert (shape.name, shape.num_layers, shape.width) == ("shaped-bb", SHAPED["layers"], SHAPED["width"])
+    assert backbone_tokenizer("shaped-bb") is char_tokenizer
+    assert describe_backbone("boom-bb") is None and backbone_tokenizer("boom-bb") is None  # checked after load
+    with pytest.raises(DihalError, match="boom: the plugin's own bug"):  # the factory was never the source
+        load_backbone("shaped-bb")
+
+
+@pytest.mark.parametrize("described", [{"layers": 0, "width": 8}, {"layers": True, "width": 8}, {"layers": 3},
+                                       [3, 8]])
+def test_a_describe_hook_that_returns_nonsense_is_named(described):
+    class Bad:
+        @hookimpl
+        def register_backbones(self, register):
+            register("bad-shape", _boom, describe=lambda: described)
+
+    from dihal_bench.registry.resolve import describe_backbone
+
+    register_plugin(Bad(), "bad-shape-plugin")
+    try:
+        with pytest.raises(DihalError, match=r"^backbone 'bad-shape' from bad-shape-plugin \(not installed\): "
+                                             r"describe returned"):
+            describe_backbone("bad-shape")
+    finally:
+        unregister_plugin("bad-shape-plugin")

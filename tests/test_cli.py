@@ -110,7 +110,7 @@ def test_debug_shows_the_traceback():
 
 def test_unknown_dtype_is_one_line_exit_2(tiny_model_dir):
     result = invoke("check", "backbone", tiny_model_dir, "--dtype", "float64")
-    assert_one_line_error(result, 2, "Error: Invalid value for '--dtype': 'float64' is not one of 'float32'")
+    assert_one_line_error(result, 2, "Error: Invalid value for '--dtype': 'float64' is not one of 'auto', 'float32'")
 
 
 # --- check backbone --------------------------------------------------------------------------

@@ -261,3 +261,21 @@ def test_the_dequantised_folder_loads_exactly_with_automodel(smollm2, cache_dir)
         assert not info["missing_keys"] and not info["unexpected_keys"], (auto.__name__, info)
         assert_same_tensors(loaded, reference)
         del loaded
+
+
+def test_shape_and_tokenizer_come_from_a_verified_cache_without_the_weights(tiny_gguf, tmp_path, char_tokenizer):
+    """The pre-flight hooks read the cache's config and tokenizer (never its weights) once its
+    manifest vouches for them, and otherwise the GGUF file's metadata: a stand-in file that is
+    no GGUF is then refused, naming it."""
+    gguf, _, _ = tiny_gguf
+    with pytest.raises(DihalError, match="cannot read GGUF file .*tiny.gguf"):
+        embedded.describe_embedded("tiny", gguf)  # no cache yet
+    load_embedded("tiny", gguf)
+    directory = cache_folder(tmp_path / "cache")
+    (directory / "model.safetensors").unlink()
+    assert embedded.describe_embedded("tiny", gguf) == {"layers": 2, "width": 32}
+    text = "x = [1, 2]\n"
+    assert embedded.embedded_tokenizer("tiny", gguf)(text)["input_ids"] == char_tokenizer(text)["input_ids"]
+    flip_last_byte(directory / "config.json")  # no longer what the manifest recorded
+    with pytest.raises(DihalError, match="cannot read GGUF file"):
+        embedded.describe_embedded("tiny", gguf)

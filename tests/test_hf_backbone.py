@@ -287,3 +287,17 @@ def test_from_pretrained_directory_without_a_model_is_a_clear_error(tmp_path, ch
         char_tokenizer.save_pretrained(tmp_path)
     with pytest.raises(DihalError, match=r"^cannot load backbone"):
         HFBackbone.from_pretrained(str(tmp_path))
+
+
+def test_describe_and_tokenizer_read_no_weights_and_match_the_loaded_backbone(tiny_model_dir, tmp_path):
+    """The hooks the pre-flight checks call agree with the loaded model, and work with the
+    weights file gone (so they never read it)."""
+    import dihal_builtin.hf_backbone as hf
+
+    loaded = load_backbone(tiny_model_dir)
+    bare = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert hf.describe_pretrained(str(bare)) == {"layers": loaded.num_layers, "width": loaded.width}
+    text = "def f(x):\n    return x"
+    tokenizer = hf.pretrained_tokenizer(str(bare))
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]

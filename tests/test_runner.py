@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,9 +276,10 @@ def test_streamed_targets_run_the_suite_without_a_targets_job_and_give_the_store
 
 
 def test_bridgeability_windows_are_a_seeded_subset_and_streamed_runs_hold_one_layer(tiny_suite, tmp_path):
+    from dihal_bench.config.suite import resolved_config
     from dihal_bench.study.run import Run
 
-    _, config = resolve_suite(str(tiny_suite))
+    config = resolved_config(resolve_suite(str(tiny_suite))[1])  # a Run loads on a named device
     every = Run("tiny", config, tmp_path, progress=False).valid_states(16, 2, [1, 2])
     cap = len(every.sequences) - 2
     capped = Run("tiny", apply_overrides(config, {"sweep.bridgeability_windows": str(cap)}), tmp_path,
@@ -421,3 +423,78 @@ def test_the_steps_axis_puts_each_sampler_on_it_and_the_suites_own_keeps_its_key
     assert [point["sampler"] for point in points] == ["mean", "mean", "ancestral"]
     with pytest.raises(DihalError, match="unknown bridge sampler 'euler'"):
         DihalBridge(16, d_model=8, heads=2).sampler = "euler"
+
+
+# --- the user's side of a run: resolved device, calibrated estimate, progress, Ctrl-C -------------
+
+
+def test_the_record_names_the_device_and_dtype_that_ran(uninterrupted_record):
+    from dihal_bench.config.suite import resolve_device, resolve_dtype
+
+    # the tiny suite names neither: "auto" resolves once, at the start of the run, to this machine's
+    device = resolve_device("auto")
+    assert device != "auto"
+    assert (uninterrupted_record["config"]["device"], uninterrupted_record["config"]["dtype"]) == \
+        (device, resolve_dtype("auto", device))
+
+
+def test_a_stopped_run_says_what_is_done_and_the_command_that_resumes(tiny_suite, tmp_path):
+    common = ["run", "--suite", str(tiny_suite), "--quiet", "--out", str(tmp_path / "runs"),
+              "--results", str(tmp_path / "results")]
+    jobs = tmp_path / "runs" / "tiny" / "jobs"
+    process = run_cli(*common, popen=True)
+    deadline = time.monotonic() + 300
+    while not list(jobs.glob("locate-*/result.json")) and process.poll() is None:
+        assert time.monotonic() < deadline, "the run never finished its locate job"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    done, total = map(int, re.search(r"Interrupted\. (\d+) of (\d+) units done; ", last).groups())
+    assert 1 <= done < total
+    assert last.endswith("run the same command again to resume: dihal-bench " + " ".join(common))
+    # the estimate came before any work (assumed rates: the run was not asked to --calibrate)
+    assert re.search(r"^running on cpu \(float32\); estimated \d+ min for 1 seed \(", stderr, re.MULTILINE)
+
+
+def test_the_bar_advances_by_each_units_estimated_seconds():
+    from dihal_bench.study.executors.base import Item
+    from dihal_bench.study.plan import Unit
+    from dihal_bench.study.progress import Progress
+
+    plans = {0: [Unit("locate", "locate"), Unit("latency", "latency")], 1: [Unit("locate", "locate")]}
+    progress = Progress(plans, "test", costs={0: [1.0, 98.0], 1: [1.0]})
+    items = [Item("locate", (), 0), Item("locate", (), 1)]
+    progress.claim(items)
+    for item in items:
+        progress.finish(item, 0.5)
+    # two of three units, but 2 of 100 estimated seconds: the ETA weighs the latency job left
+    assert (progress.done_units, progress.total_units) == (2, 3)
+    assert (progress.done_cost, progress.bar.n, progress.bar.total) == (2.0, 2.0, 100.0)
+    progress.close()
+    with pytest.raises(AssertionError, match="a cost for every planned unit"):
+        Progress(plans, "test", enabled=False, costs={0: [1.0], 1: [1.0]})
+
+
+def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
+    from dihal_bench.config.suite import resolved_config
+    from dihal_bench.study.calibration import calibrate
+    from dihal_bench.study.run import Run
+
+    _, config = resolve_suite(str(tiny_suite))
+    run = Run("tiny", resolved_config(config), Path("never-written"), progress=False)
+    rates = calibrate(run.config, run.backbone, run.evaluator)
+    assert all(0 < getattr(rates, kind) < float("inf") for kind in ("forward", "decode", "evaluator", "trained"))
+    assert rates.source.startswith("measured on this machine (cpu")
+
+
+def test_run_takes_device_and_dtype(tiny_suite):
+    from click.testing import CliRunner
+
+    from dihal_bench.cli import cli
+
+    runner = CliRunner()
+    planned = runner.invoke(cli, ["run", "--suite", "smoke", "--dry-run", "--device", "cpu", "--dtype", "bfloat16"])
+    assert planned.exit_code == 0, planned.output
+    assert "device: cpu, dtype: bfloat16" in planned.output

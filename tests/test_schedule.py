@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from dihal_bench.config.suite import resolve_suite
+from dihal_bench.config.suite import apply_overrides, resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.study import estimate, plan
+from dihal_bench.study import costs, estimate, plan
+from dihal_bench.study.store_probe import done_units
 
 
 def stage_rows(text: str) -> dict[str, list[str]]:
@@ -22,9 +23,10 @@ def stage_rows(text: str) -> dict[str, list[str]]:
 
 
 def test_the_schedule_adds_the_longest_job_of_each_stage_and_spreads_the_rest(monkeypatch):
-    _, config = resolve_suite("diagnostic")
+    # the counts below are pinned here, not read from the diagnostic suite, which may change
+    config = apply_overrides(resolve_suite("diagnostic")[1], {"sweep.count": "12", "seeds": "[0, 1]"})
     # every unit costs one hour, except the sweep's, which cost two: easy arithmetic
-    monkeypatch.setattr(estimate, "unit_seconds", lambda unit, config, params: 7200.0 if unit.stage == "sweep" else 3600.0)
+    monkeypatch.setattr(estimate, "unit_seconds", lambda unit, config, params, throughput=None: 7200.0 if unit.stage == "sweep" else 3600.0)
     units = plan.seed_units(config)
     per_stage = {group: sum(unit.stage in group for unit in units) for group in estimate.PARALLEL_STAGES}
     assert per_stage[("sweep",)] == 12 and per_stage[("metrics",)] == 16  # 3 DiHAL, 2 controls, 2 references, 9 baselines
@@ -107,9 +109,9 @@ def test_a_streamed_suite_plans_no_extraction_and_counts_the_streaming_in_its_br
     assert any(unit.stage == "targets" for unit in plan.seed_units(diagnostic))
     assert not any(unit.stage == "targets" for unit in plan.seed_units(streamed))
     sweep = next(unit for unit in plan.seed_units(streamed) if unit.stage == "sweep")
-    budget = estimate.Budget.from_dict(diagnostic.sweep.budget)
+    budget = costs.Budget.from_dict(diagnostic.sweep.budget)
     # half a pass over every trained token, on top of the stored path's evaluation passes
-    assert estimate.unit_cost(sweep, streamed)[1] - estimate.unit_cost(sweep, diagnostic)[1] == \
+    assert costs.unit_cost(sweep, streamed)[1] - costs.unit_cost(sweep, diagnostic)[1] == \
         budget.steps * budget.tokens_per_step // 2
     assert "streamed" in estimate.format_plan("diagnostic", streamed)
     assert "stored bridge targets" in estimate.format_plan("diagnostic", diagnostic)
@@ -119,9 +121,61 @@ def test_the_plan_counts_what_each_baseline_trains():
     _, config = resolve_suite("rivals")
     budget = config.budget
     tokens = budget["steps"] * budget["batch_size"] * budget["seq_len"]
-    costs = {unit.label: estimate.unit_cost(unit, config) for unit in plan.seed_units(config) if unit.stage == "baselines"}
-    assert costs["ar-backbone"][0].endswith("nothing trained") and costs["ar-backbone"][2] == 0
+    priced = {unit.label: costs.unit_cost(unit, config) for unit in plan.seed_units(config) if unit.stage == "baselines"}
+    assert priced["ar-backbone"][0].endswith("nothing trained") and priced["ar-backbone"][2] == 0
     for lora in ("ar-lora", "ar2diff-lora"):  # every step runs the backbone forward and backward
-        what, backbone_tokens, trained_tokens = costs[lora]
+        what, backbone_tokens, trained_tokens = priced[lora]
         assert "through the backbone" in what and backbone_tokens >= 3 * tokens and trained_tokens == 0
 
+
+
+# --- the estimate's rates: assumed, or measured on this machine ---------------------------------
+
+
+def test_the_assumed_rates_are_the_flops_over_the_assumed_throughput():
+    _, config = resolve_suite("diagnostic")
+    params = estimate.backbone_parameters(config.backbone)
+    for unit in plan.seed_units(config):
+        _, backbone_tokens, trained_tokens = costs.unit_cost(unit, config)
+        flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
+        assert estimate.unit_seconds(unit, config, params) == pytest.approx(flops / estimate.THROUGHPUT["cpu"],
+                                                                            rel=1e-12), unit.label
+
+
+def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
+    _, config = resolve_suite("diagnostic")
+    rates = estimate.Throughput(forward=1000.0, decode=10.0, evaluator=500.0, trained=2000.0, source="measured here")
+    units = {unit.label: unit for unit in plan.seed_units(config)}
+    samples = config.sampling.samples * config.sampling.seq_len
+    # metrics: the samples and their context under the evaluator alone
+    assert estimate.unit_seconds(units["metrics dihal-chosen"], config, None, rates) == pytest.approx(2 * samples / 500)
+    # DiHAL: its training at the training rate, its samples decoded
+    budget = costs.Budget.from_dict(config.budget)
+    assert estimate.unit_seconds(units["dihal-chosen"], config, None, rates) == \
+        pytest.approx(budget.steps * budget.tokens_per_step / 2000 + samples / 10)
+    text = estimate.format_plan("diagnostic", config, rates)
+    assert "time: measured here" in text
+    total = sum(estimate.unit_seconds(unit, config, None, rates) for unit in units.values())
+    assert f"total: {estimate._duration(total)} per seed" in text
+
+
+def test_the_dry_run_marks_the_locate_jobs_the_store_holds(tmp_path):
+    from dihal_bench.study.run import Run
+    from dihal_bench.study.stages.locate import locate_unit
+
+    config = apply_overrides(resolve_suite("diagnostic")[1], {"seeds": "[0, 1]"})
+    assert done_units("diagnostic", config, tmp_path) == {"locate": "no"}
+    run = Run("diagnostic", config, tmp_path, progress=False)
+    store = run.store
+
+    class Finishing:  # runs the seed's real locate job key with a stand-in result
+        def run(self, kind, spec, work):
+            return store.run(kind, spec, lambda folder: {"stand-in": True})
+
+    run.store = Finishing()
+    locate_unit(run, config.seeds[0])
+    assert done_units("diagnostic", config, tmp_path) == {"locate": "1 of 2 seeds"}
+    locate_unit(run, config.seeds[1])
+    assert done_units("diagnostic", config, tmp_path) == {"locate": "yes"}
+    text = estimate.format_plan("diagnostic", config, done={"locate": "yes"})
+    assert re.search(r"^locate .* yes$", text, re.MULTILINE) and re.search(r"^sweep layer 1/\d+ .* \?$", text, re.MULTILINE)

@@ -267,3 +267,83 @@ def test_a_targets_unit_carries_its_sequence_length_and_keeps_its_label():
     assert targets and all(unit.label == f"bridge targets T={unit.seq_len}" for unit in targets)
     assert all(unit.seq_len is None for unit in seed_units(config) if unit.stage != "targets")
 
+
+
+# --- "auto" device and dtype -------------------------------------------------------------------
+
+
+def no_accelerator(monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def cuda_present(monkeypatch, bf16: bool) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+
+
+def test_the_default_device_and_dtype_are_auto_and_resolve_to_the_cpu_without_an_accelerator(monkeypatch):
+    from dihal_bench.config.suite import resolve_device, resolved_config
+
+    no_accelerator(monkeypatch)
+    assert (DEFAULTS["device"], DEFAULTS["dtype"]) == ("auto", "auto")
+    _, smoke = resolve_suite("smoke")
+    assert (smoke.device, smoke.dtype) == ("auto", "auto")
+    resolved = resolved_config(smoke)
+    assert (resolved.device, resolved.dtype) == ("cpu", "float32")
+    assert resolve_device("auto") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+
+
+def test_auto_resolves_to_cuda_in_bfloat16_where_the_gpu_computes_in_it(monkeypatch):
+    from dihal_bench.config.suite import resolve_dtype, resolved_config
+
+    cuda_present(monkeypatch, bf16=True)
+    resolved = resolved_config(resolve_suite("smoke")[1])
+    assert (resolved.device, resolved.dtype) == ("cuda", "bfloat16")
+    assert resolved.to_dict() == {**resolve_suite("smoke")[1].to_dict(), "device": "cuda", "dtype": "bfloat16"}
+    cuda_present(monkeypatch, bf16=False)  # a pre-Ampere GPU: bfloat16 only emulated
+    assert resolve_dtype("auto", "cuda") == "float32"
+    assert resolve_dtype("float16", "cuda") == "float16"  # a named dtype is kept
+
+
+def test_auto_prefers_mps_to_the_cpu_in_float32(monkeypatch):
+    import torch
+
+    from dihal_bench.config.suite import resolve_device, resolve_dtype
+
+    no_accelerator(monkeypatch)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == "mps" and resolve_dtype("auto", "mps") == "float32"
+
+
+def test_a_named_device_and_dtype_stay_and_auto_dtype_on_absent_cuda_is_one_line(monkeypatch):
+    from dihal_bench.config.suite import resolve_dtype, resolved_config
+
+    no_accelerator(monkeypatch)
+    _, paper = resolve_suite("paper")
+    assert resolved_config(paper) is paper  # cuda, bfloat16, named: nothing to resolve
+    with pytest.raises(DihalError, match="dtype 'auto' on cuda: no CUDA device here"):
+        resolve_dtype("auto", "cuda")
+    with pytest.raises(DihalError, match="dtype must be one of auto, float32"):
+        apply_overrides(paper, {"dtype": "float64"})
+
+
+def test_resolving_the_device_changes_no_job_key(monkeypatch):
+    from dihal_bench.config.suite import resolved_config
+
+    cuda_present(monkeypatch, bf16=True)
+    config = resolved_config(resolve_suite("smoke")[1])
+    monkeypatch.undo()  # the recording run loads nothing, so no device is touched from here on
+    monkeypatch.setattr(runner, "layer_correlations", lambda *args, **kwargs: {})
+    monkeypatch.setattr(runner, "read_samples", lambda path: ([], []))
+    run = recording_run(config)
+    run.reference_texts = lambda *args: []
+    runner.study_seeds(run, LocalExecutor().start(run), [0])
+    first: dict[str, str] = {}
+    for kind, key in run.store.keys:
+        first.setdefault(kind, key)
+    assert config.device == "cuda" and first == FIRST_JOBS["smoke"]

@@ -9,10 +9,38 @@ from __future__ import annotations
 
 import operator
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from dihal_bench.errors import DihalError
+
+
+def check_layer_index(name: str, num_layers: int, layer: int, *, allow_last: bool = False) -> int:
+    """``layer`` as a hidden-state index a bridge may replace up to: 1..L-1 (the hybrid keeps at
+    least one upper layer), or 1..L with ``allow_last``."""
+    top = num_layers if allow_last else num_layers - 1
+    if not 1 <= layer <= top:
+        raise DihalError(f"layer {layer} is out of range for {name}: choose 1..{top} ({num_layers} layers)")
+    return layer
+
+
+@dataclass(frozen=True)
+class BackboneShape:
+    """A backbone's depth and width, as its plugin states them without loading weights (the
+    ``describe`` meta key, docs/plugins.md) or as a loaded backbone has them: what a layer
+    index or a channel count is checked against before a slow load, and again after it."""
+
+    name: str
+    num_layers: int
+    width: int
+
+    @classmethod
+    def of(cls, backbone: Backbone) -> BackboneShape:
+        return cls(backbone.name, backbone.num_layers, backbone.width)
+
+    def check_layer(self, layer: int, *, allow_last: bool = False) -> int:
+        return check_layer_index(self.name, self.num_layers, layer, allow_last=allow_last)
 
 
 class Backbone(ABC):
@@ -101,10 +129,7 @@ class Backbone(ABC):
         return self.logits(input_ids, attention_mask), self.final_hidden(input_ids, attention_mask)
 
     def check_layer(self, layer: int, *, allow_last: bool = False) -> int:
-        top = self.num_layers if allow_last else self.num_layers - 1
-        if not 1 <= layer <= top:
-            raise DihalError(f"layer {layer} is out of range for {self.name}: choose 1..{top} ({self.num_layers} layers)")
-        return layer
+        return check_layer_index(self.name, self.num_layers, layer, allow_last=allow_last)
 
     def check_up_to(self, up_to: int | None) -> int:
         """The number of decoder layers a :meth:`hidden_states` call runs: ``up_to``, or L for None."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -11,7 +12,7 @@ import click
 
 from dihal_bench import __version__
 from dihal_bench.base.values import INT64_MAX
-from dihal_bench.config.suite import DTYPES
+from dihal_bench.config.suite import AUTO, DTYPES
 from dihal_bench.errors import DihalError
 
 #: a seed: torch's generators take at most a signed 64-bit integer
@@ -38,6 +39,8 @@ class CommandGroup(click.Group):
         # click's own usage errors (a bad option value) get the same single ``Error:`` line as
         # ours instead of click's three-line usage block
         kwargs.pop("standalone_mode", None)
+        given = kwargs.get("args", args[0] if args else None)
+        self.argv = list(sys.argv[1:] if given is None else given)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as exc:
@@ -56,9 +59,18 @@ class CommandGroup(click.Group):
                 traceback.print_exc()
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("Interrupted.", err=True)
+        except KeyboardInterrupt as exc:
+            click.echo(f"Interrupted.{self.resume_hint(exc)}", err=True)
             ctx.exit(130)
+
+    def resume_hint(self, exc: KeyboardInterrupt) -> str:
+        """What a run that stops part-way (runner.RunInterrupted) has done and the command that
+        resumes it: the same command line, since finished jobs are found again by their keys."""
+        done, total = getattr(exc, "done", None), getattr(exc, "total", None)
+        if done is None or total is None:
+            return ""
+        command = shlex.join(["dihal-bench", *getattr(self, "argv", [])])
+        return f" {done} of {total} units done; run the same command again to resume: {command}"
 
 
 def write_json(path: str | Path, payload: dict) -> None:
@@ -78,10 +90,33 @@ def cli(debug):
     """
 
 
-def backbone_options(f):
-    f = click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)(f)
-    f = click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")(f)
-    return f
+def chosen_device(device: str, dtype: str) -> tuple[str, str]:
+    """``--device`` and ``--dtype`` as this machine runs them: ``auto`` resolved (CUDA, else MPS,
+    else CPU; bfloat16 on a GPU that computes in it, else float32), then checked."""
+    from dihal_bench.config.suite import resolve_device, resolve_dtype
+    from dihal_bench.study.preflight import check_device, check_dtype
+
+    device = resolve_device(device)
+    check_device(device, "--device")
+    dtype = resolve_dtype(dtype, device)
+    check_dtype(dtype, "--dtype")
+    return device, dtype
+
+
+def model_options(*, from_suite: bool):
+    """``--device`` and ``--dtype``, the same on every command that loads a model: ``auto`` by
+    default, or (``from_suite``) the device and dtype of the suite the command trains under."""
+    default = None if from_suite else AUTO
+    suffix = "; default: the suite's" if from_suite else ""
+
+    def decorate(f):
+        f = click.option("--dtype", type=click.Choice((AUTO, *DTYPES)), default=default, show_default=not from_suite,
+                         help=f"auto: bfloat16 on a GPU that computes in it, else float32{suffix}.")(f)
+        f = click.option("--device", default=default, show_default=not from_suite,
+                         help=f"cpu, cuda, cuda:1, mps, or auto (CUDA, else MPS, else CPU){suffix}.")(f)
+        return f
+
+    return decorate
 
 
 def parse_assignments(items, what: str) -> dict[str, str]:

@@ -11,8 +11,10 @@ import click
 from dihal_bench.cli.app import (
     CommandGroup,
     FiniteFloatRange,
-    backbone_options,
+    chosen_device,
     cli,
+    model_options,
+    quiet_option,
     write_json,
 )
 
@@ -59,24 +61,21 @@ def check():
 
 @check.command("backbone")
 @click.argument("name")
-@backbone_options
+@model_options(from_suite=False)
 @click.option("--tolerance", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Max |Δlogit| relative to max |logit| (default 1e-4).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the report as JSON here.")
-def check_backbone_cmd(name, device, dtype, tolerance, json_path):
+@quiet_option
+def check_backbone_cmd(name, device, dtype, tolerance, json_path, quiet):
     """Check that backbone NAME can be resumed from every layer's hidden state."""
     from tabulate import tabulate
 
     from dihal_bench.api.conformance import DEFAULT_TOLERANCE, check_backbone
     from dihal_bench.registry.resolve import load_backbone
-    from dihal_bench.study.preflight import (
-        check_backbone_name,
-        check_device,
-        check_writable,
-    )
+    from dihal_bench.study.preflight import check_backbone_name, check_writable
 
     check_backbone_name(name)
-    check_device(device, "--device")
+    device, dtype = chosen_device(device, dtype)
     if json_path:
         check_writable(Path(json_path).parent, "--json folder")
     backbone = load_backbone(name, device=device, dtype=dtype)
@@ -100,23 +99,27 @@ def check_backbone_cmd(name, device, dtype, tolerance, json_path):
 @click.argument("name")
 @click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True, help="Tokenizer to use.")
 @click.option("--seq-len", type=click.IntRange(min=2), default=64, show_default=True, help="Packed sequence length T.")
-def check_corpus_cmd(name, backbone_name, seq_len):
+@quiet_option
+def check_corpus_cmd(name, backbone_name, seq_len, quiet):
     """Print document and token counts per split of corpus NAME."""
     from tabulate import tabulate
 
     from dihal_bench.api.corpus import split_stats
     from dihal_bench.registry.plugins import build_named
-    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.registry.resolve import backbone_tokenizer, load_backbone
     from dihal_bench.study.preflight import check_backbone_name, check_corpus_name
 
     check_corpus_name(name)
     check_backbone_name(backbone_name, "--backbone")
     corpus = build_named("corpus", name)
-    backbone = load_backbone(backbone_name)
-    stats = split_stats(corpus, backbone.tokenizer, seq_len)
+    # the counts need only the tokenizer: the model loads only for a plugin that cannot give it alone
+    tokenizer = backbone_tokenizer(backbone_name)
+    if tokenizer is None:
+        tokenizer = load_backbone(backbone_name).tokenizer
+    stats = split_stats(corpus, tokenizer, seq_len)
     rows = [[split, *s.values()] for split, s in stats.items()]
     headers = ["split", *next(iter(stats.values())).keys()]
-    click.echo(f"{corpus.name}: {corpus.description}  (tokenizer: {backbone.name}, T={seq_len})")
+    click.echo(f"{corpus.name}: {corpus.description}  (tokenizer: {backbone_name}, T={seq_len})")
     click.echo(tabulate(rows, headers=headers, intfmt=","))
 
 

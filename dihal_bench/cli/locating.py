@@ -8,8 +8,9 @@ import click
 
 from dihal_bench.cli.app import (
     SEED,
-    backbone_options,
+    chosen_device,
     cli,
+    model_options,
     parse_assignments,
     parse_number,
     quiet_option,
@@ -35,7 +36,7 @@ from dihal_bench.locate.defaults import DIHAL_PROXIES, PREPROCESSING_MODES
               help="k of trace-drop-top: the largest-variance channels removed from each layer.")
 @click.option("--param", "params", multiple=True, metavar="PROXY.KEY=VALUE", help="Override a proxy constant.")
 @click.option("--weight", "weights", multiple=True, metavar="PROXY=W", help="Weight of a proxy in the score (default 1).")
-@backbone_options
+@model_options(from_suite=False)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/locate", show_default=True,
               help="Folder for locate.json, locate.csv and locate.png.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write only the JSON record, here.")
@@ -46,12 +47,16 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
     import math
 
     from dihal_bench.locate import pipeline as locate_module
-    from dihal_bench.registry.plugins import build_named
-    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.registry.resolve import (
+        backbone_tokenizer,
+        describe_backbone,
+        load_backbone,
+        load_corpus,
+    )
     from dihal_bench.study.preflight import (
         check_backbone_name,
         check_corpus_name,
-        check_device,
+        check_locate_inputs,
         check_writable,
     )
 
@@ -82,9 +87,11 @@ def locate(backbone_name, corpus_name, tokens, seq_len, seed, proxies, preproces
                                         drop_top=drop_top)
     check_backbone_name(backbone_name, "--backbone")
     check_corpus_name(corpus_name, "--corpus")
-    check_device(device, "--device")
+    device, dtype = chosen_device(device, dtype)
     check_writable(Path(json_path).parent if json_path else Path(out_dir), "output folder")
-    corpus = build_named("corpus", corpus_name)  # before the backbone: usually the quicker to fail
+    corpus = load_corpus(corpus_name)  # before the backbone: usually the quicker to fail
+    check_locate_inputs(describe_backbone(backbone_name), backbone_tokenizer(backbone_name), corpus, tokens=tokens,
+                        seq_len=seq_len, drop_top=drop_top, key="--")
     backbone = load_backbone(backbone_name, device=device, dtype=dtype)
     result = locate_module.locate(backbone, corpus, config, progress=not quiet)
     click.echo(locate_module.format_table(result))

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from dihal_bench.cli.app import cli, parse_assignments, quiet_option
+from dihal_bench.config.suite import AUTO, DTYPES
 from dihal_bench.errors import DihalError
 
 
-def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
+def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device=None, dtype=None):
     """``--suite`` with the command line's overrides applied: (name, SuiteConfig)."""
     from dihal_bench.config.suite import apply_overrides, resolve_suite
 
     name, config = resolve_suite(suite)
     overrides = parse_assignments(sets, "--set")
-    for key, value in (("backbone", backbone), ("corpus", corpus), ("evaluator", evaluator)):
+    for key, value in (("backbone", backbone), ("corpus", corpus), ("evaluator", evaluator),
+                       ("device", device), ("dtype", dtype)):
         if value:
             overrides[key] = json.dumps(value)
     if seeds is not None:
@@ -52,18 +56,29 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets):
 @click.option("--gpus", type=click.IntRange(min=1),
               help="With --dry-run --executor ray: also print the schedule over this many devices (GPUs on a "
                    "cuda suite, else CPU workers): jobs per stage, critical path, device-hours, memory per job.")
+@click.option("--device", help="cpu, cuda, cuda:1, mps, or auto (the suite's default: CUDA, else MPS, else CPU).")
+@click.option("--dtype", type=click.Choice((AUTO, *DTYPES)),
+              help="auto (the suite's default): bfloat16 on a GPU that computes in it, else float32.")
+@click.option("--calibrate", is_flag=True,
+              help="Load the models and time a few steps on this machine (seconds) first, so the estimate "
+                   "(and the progress bar's ETA) uses measured rates instead of assumed ones.")
 @quiet_option
 def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, executor, address,
-        workers, gpus, quiet):
+        workers, gpus, device, dtype, calibrate, quiet):
     """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record.
+
+    A run prints where it runs and its estimate first (--calibrate: timed on this machine); Ctrl-C
+    stops it with the command that resumes it (finished jobs are kept in --out).
 
     With --executor ray the job store (--out) must be on a filesystem every Ray worker mounts at the
     same path (docs/executors.md)."""
+    from dihal_bench.config.suite import resolved_config
     from dihal_bench.study.executors import make_executor
     from dihal_bench.study.preflight import check_store_free, check_suite
     from dihal_bench.study.runner import run_suite
 
-    name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets)
+    name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device, dtype)
+    config = resolved_config(config)
     if gpus is not None and not (dry_run and executor == "ray"):
         raise DihalError("--gpus plans a schedule: use it with --dry-run --executor ray (a run uses the "
                          "cluster's devices; --workers caps the actors)")
@@ -72,16 +87,47 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     if executor == "local" or not dry_run:
         chosen = make_executor(executor, address=address, workers=workers)
     if dry_run:
-        check_suite(config, here=False)
+        check_suite(config, here=calibrate)
         from dihal_bench.study.estimate import format_plan, format_schedule
+        from dihal_bench.study.store_probe import done_units
 
-        click.echo(format_plan(name, config))
+        throughput = measured_throughput(name, config, out_root) if calibrate else None
+        click.echo(format_plan(name, config, throughput, done=done_units(name, config, out_root)))
         if gpus is not None:
-            click.echo("\n" + format_schedule(name, config, gpus))
+            click.echo("\n" + format_schedule(name, config, gpus, throughput))
         return
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
                 here=chosen.computes_here)
     check_store_free(Path(out_root) / name / "jobs")  # the store run_suite locks, before its models load
-    path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
-                     executor=chosen)
+    with sigterm_interrupts():
+        path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
+                         executor=chosen, report=lambda line: click.echo(line, err=True),
+                         calibrate=calibrate)
     click.echo(f"wrote run record {path}")
+
+
+def measured_throughput(name, config, out_root):
+    """``--dry-run --calibrate``: the rates measured on the suite's models, loaded as a run loads them."""
+    from dihal_bench.study.calibration import calibrate
+    from dihal_bench.study.run import Run
+
+    run = Run(name, config, Path(out_root), progress=False)
+    return calibrate(config, run.backbone, run.evaluator)
+
+
+@contextmanager
+def sigterm_interrupts():
+    """SIGTERM (a scheduler's or ``kill``'s stop) ends a run as Ctrl-C does: with what is done and how
+    to resume, instead of Python's silent default exit."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: the signal stays the embedding program's
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from dihal_bench.cli.app import SEED, cli, parse_assignments
+from dihal_bench.cli.app import (
+    SEED,
+    chosen_device,
+    cli,
+    model_options,
+    parse_assignments,
+)
 from dihal_bench.errors import DihalError
 
 
@@ -61,10 +67,12 @@ def claims(results_dir, readme):
     click.echo(f"wrote the claims table into {readme}")
 
 
-def _check_model_args(model_args: str, trust_unverified: bool) -> None:
-    """The backbone and bridge checkpoint that ``--model-args`` name, checked before lm-eval
-    (seconds to import and index its tasks) and any model load; lm-eval parses the string itself."""
+def _check_model_args(model_args: str, trust_unverified: bool) -> dict[str, str]:
+    """The backbone, layer and bridge checkpoint that ``--model-args`` name, checked before lm-eval
+    (seconds to import and index its tasks) and any model load; lm-eval parses the string itself.
+    Returns the pairs."""
     from dihal_bench.hybrid.checkpoint import read_bridge_meta
+    from dihal_bench.registry.resolve import describe_backbone
     from dihal_bench.study.preflight import check_backbone_name
 
     pairs = parse_assignments([part for part in model_args.split(",") if part.strip()], "--model-args")
@@ -72,6 +80,32 @@ def _check_model_args(model_args: str, trust_unverified: bool) -> None:
         check_backbone_name(pairs["backbone"], "--model-args backbone")
     if "bridge" in pairs:
         read_bridge_meta(Path(pairs["bridge"]), trust_unverified=trust_unverified)
+    if "backbone" in pairs and pairs.get("layer", "").isdigit():
+        shape = describe_backbone(pairs["backbone"])
+        if shape is not None:
+            shape.check_layer(int(pairs["layer"]))
+    return pairs
+
+
+def _with_device(model_args: str, pairs: dict[str, str], device: str, dtype: str) -> str:
+    """``--model-args`` with the command's device and dtype, unless it sets its own and the
+    command line does not (lm-eval's ``device=``/``dtype=`` keep working); both at once is refused."""
+    context = click.get_current_context()
+    for key, value in (("device", device), ("dtype", dtype)):
+        given = context.get_parameter_source(key) is not click.core.ParameterSource.DEFAULT
+        if key in pairs and given:
+            raise DihalError(f"--{key} and {key}= in --model-args both say where to run: give one")
+        if key not in pairs:
+            model_args = f"{model_args},{key}={value}"
+    return model_args
+
+
+def _quiet_loading(quiet: bool) -> bool:
+    if quiet:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    return quiet
 
 
 @cli.command("lm-eval")
@@ -88,7 +122,11 @@ def _check_model_args(model_args: str, trust_unverified: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
 @click.option("--trust-unverified", is_flag=True,
               help="Load a bridge checkpoint whose bridge.json records no weights_sha256 (its weights unverified).")
-def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified):
+@model_options(from_suite=False)
+@click.option("--quiet", is_flag=True, callback=lambda ctx, param, quiet: _quiet_loading(quiet),
+              help="No progress bars while the models load (lm-eval's own bars stay).")
+def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified,
+                device, dtype, quiet):
     """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
     from dihal_bench import lm_eval as lm_eval_adapter
     from dihal_bench.study.preflight import check_writable
@@ -97,8 +135,9 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         raise DihalError("give either --model-args or --record with --method")
     if out_dir:  # before the evaluation, which may take hours
         check_writable(Path(out_dir), "output folder --out")
+    device, dtype = chosen_device(device, dtype)
     if model_args:
-        _check_model_args(model_args, trust_unverified)
+        model_args = _with_device(model_args, _check_model_args(model_args, trust_unverified), device, dtype)
     if record_path:
         if not method:
             raise DihalError("--record needs --method: the record's intact-backbone baseline, or dihal-chosen, "
@@ -108,6 +147,7 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
         record = load_record(Path(record_path))
         model_args, seed = lm_eval_adapter.model_args_from_record(record, method, seed)
         corpus = corpus or record["corpus"]
+        model_args = {**model_args, "device": device, "dtype": dtype}
     summary = lm_eval_adapter.run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()],
                                           limit=limit, corpus=corpus or "stdlib-docs", batch_size=batch_size,
                                           out_dir=Path(out_dir) if out_dir else None,

@@ -34,6 +34,9 @@ CONTROLS = ("skip", "regressor")
 #: and held-out human windows (a ceiling), scored by the same metrics
 REFERENCES = ("unigram", "human")
 DTYPES = ("float32", "bfloat16", "float16")
+#: the word a suite's ``device`` and ``dtype`` may say for "what this machine runs best", resolved
+#: once at the start of a run (:func:`resolved_config`), so the record names what actually ran
+AUTO = "auto"
 #: the word in ``metrics.names`` that stands for every built-in metric registered with ``default=True``
 DEFAULT_METRICS = "default"
 #: how bridge training windows get their hidden states (bridge.targets)
@@ -47,8 +50,8 @@ DEFAULTS: dict = {
     "corpus": "stdlib-docs",
     "evaluator": "gemma3-270m",
     "seeds": [0],
-    "device": "cpu",
-    "dtype": "float32",
+    "device": AUTO,
+    "dtype": AUTO,
     "device_map": "",
     "locate": {
         "tokens": 4096,
@@ -154,6 +157,52 @@ def apply_overrides(config: SuiteConfig, assignments: dict[str, str]) -> SuiteCo
     return SuiteConfig.from_checked(check_values(_merge(config.to_dict(), update, (), "--set"), "--set"))
 
 
+# -- "auto" device and dtype ------------------------------------------------------------------
+
+
+def resolve_device(name: str) -> str:
+    """``name`` itself, or for "auto" the best device this machine has: CUDA, else MPS, else CPU."""
+    if name != AUTO:
+        return name
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def resolve_dtype(name: str, device: str) -> str:
+    """``name`` itself, or for "auto" the dtype ``device`` (already resolved) runs best: bfloat16 on
+    a CUDA device that computes in it natively (compute capability 8.0 and up), else float32. MPS
+    stays float32: its bfloat16 support depends on the macOS version, and float32 is never wrong."""
+    if name != AUTO:
+        return name
+    if device == AUTO:
+        raise DihalError("resolve the device before its dtype: dtype 'auto' depends on the device")
+    if not device.startswith("cuda"):
+        return "float32"
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DihalError(f"dtype 'auto' on {device}: no CUDA device here to tell whether it computes in "
+                         "bfloat16; name the dtype (bfloat16 or float32)")
+    return "bfloat16" if torch.cuda.is_bf16_supported(including_emulation=False) else "float32"
+
+
+def resolved_config(config: SuiteConfig) -> SuiteConfig:
+    """``config`` with an "auto" device and dtype replaced by what this machine runs; the config a
+    run works with and records. Neither is part of any job's key, so resolving changes no job."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    if (device, dtype) == (config.device, config.dtype):
+        return config
+    merged = _merge(config.to_dict(), {"device": device, "dtype": dtype}, (), "resolved device")
+    return SuiteConfig.from_checked(check_values(merged, "resolved device"))
+
+
 # -- value checks: one rule per key, so every value is checked before any job runs ------------
 
 
@@ -236,7 +285,7 @@ RULES = {
     "evaluator": _string,
     "seeds": _seeds,
     "device": _string,
-    "dtype": lambda v, k, s: _string(v, k, s, DTYPES),
+    "dtype": lambda v, k, s: _string(v, k, s, (AUTO, *DTYPES)),
     "device_map": lambda v, k, s: _string(v, k, s, allow_empty=True),
     "locate.tokens": lambda v, k, s: as_int(v, k, s, minimum=2),
     "locate.seq_len": lambda v, k, s: as_int(v, k, s, minimum=2),

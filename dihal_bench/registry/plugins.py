@@ -74,6 +74,11 @@ META_RULES: dict[str, dict[str, MetaRule]] = {
         # bool is an int subclass; a True parameter count is a bug, not 1
         "parameters": MetaRule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
                                "a positive int (the parameter count)"),
+        # both take the factory's positional arguments and must not load weights: the pre-flight
+        # checks call them so that a layer, channel count or budget the model or its data cannot
+        # take is refused before a load of seconds to minutes (dihal_bench.registry.resolve)
+        "describe": MetaRule(callable, "a callable(*arguments) -> {'layers': int, 'width': int} or None"),
+        "tokenizer": MetaRule(callable, "a callable(*arguments) -> the backbone's tokenizer or None"),
     },
     "corpus": {"description": DESCRIPTION, "handles": HANDLES},
     "proxy": {

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.backbone import Backbone, BackboneShape
 from dihal_bench.api.bridge import HiddenStateBridge
 from dihal_bench.api.corpus import Corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.registry.plugins import build_named, get_registry
+from dihal_bench.registry.plugins import Registration, build_named, get_registry
 
 
 def load_backbone(name: str, **options) -> Backbone:
@@ -25,6 +25,54 @@ def backbone_factory(name: str):
     See :meth:`dihal_bench.registry.plugins.Registry.resolve`."""
     registration, arguments = get_registry().resolve("backbone", name)
     return registration.obj, arguments
+
+
+def describe_backbone(name: str) -> BackboneShape | None:
+    """The depth and width of backbone ``name`` from its plugin's ``describe`` meta key, without
+    loading weights; None when the plugin declares none or cannot say cheaply (the checks that
+    need them then run after the load)."""
+    registration, arguments = get_registry().resolve("backbone", name)
+    described = _call_meta(registration, "describe", arguments)
+    if described is None:
+        return None
+    layers = described.get("layers") if isinstance(described, dict) else None
+    width = described.get("width") if isinstance(described, dict) else None
+    if not (_positive_int(layers) and _positive_int(width)):
+        raise DihalError(f"backbone {registration.name!r} from {registration.source}: describe returned "
+                         f"{described!r}, not {{'layers': int >= 1, 'width': int >= 1}}")
+    return BackboneShape(name, layers, width)
+
+
+def backbone_tokenizer(name: str):
+    """The tokenizer backbone ``name`` would carry, from its plugin's ``tokenizer`` meta key,
+    without loading weights; None when the plugin declares none or cannot load it cheaply."""
+    registration, arguments = get_registry().resolve("backbone", name)
+    tokenizer = _call_meta(registration, "tokenizer", arguments)
+    if tokenizer is not None and not callable(tokenizer):
+        raise DihalError(f"backbone {registration.name!r} from {registration.source}: its tokenizer hook returned "
+                         f"a {type(tokenizer).__qualname__}, not a callable Hugging Face tokenizer")
+    return tokenizer
+
+
+def _call_meta(registration: Registration, key: str, arguments: tuple):
+    """``registration.meta[key](*arguments)``, or None without that key; a plugin's exception
+    other than DihalError becomes one line naming the plugin, as its factory's would."""
+    hook = registration.meta.get(key)
+    if hook is None:
+        return None
+    try:
+        return hook(*arguments)
+    except DihalError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DihalError(f"backbone {registration.name!r} from {registration.source}: {key} failed: "
+                         f"{type(exc).__name__}: {first}".rstrip(": ")) from exc
+
+
+def _positive_int(value) -> bool:
+    # bool is an int subclass; True layers is a plugin's bug, not 1
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def load_corpus(spec: str, **options) -> Corpus:

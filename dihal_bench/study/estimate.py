@@ -5,20 +5,27 @@ Nothing is loaded: the backbone's size is the parameter count its plugin declare
 registers (meta ``parameters``), else read from its name ("8B", "135m"), and time is FLOPs
 over an assumed sustained throughput, so the estimate says which jobs dominate and roughly
 how long and how much memory they need, not the exact figure.
+``dihal_bench.study.calibration.calibrate`` replaces the assumption with rates measured on this
+machine in a few seconds (``--calibrate``, on a run or a dry run).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from dihal_bench.config.settings import SuiteConfig, SweepSettings
+from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.plan import Unit, method_names, seed_units, target_budgets
-from dihal_bench.training.budget import Budget
+from dihal_bench.study.costs import (
+    Work,
+    unit_cost,
+    unit_work,
+)
+from dihal_bench.study.plan import Unit, seed_units
 
 #: sustained FLOP/s assumed per device kind: a bf16 datacentre GPU at ~35% utilisation, and
 #: the 2-core CPU this project is developed on (SmolLM2-135M forward: ~550 tokens/s measured)
@@ -38,61 +45,6 @@ def backbone_parameters(name: str) -> float | None:
         return None
     return float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6)
 
-#: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
-#: without the corpus (the embedded stdlib-docs validation split has 162 windows of 64 tokens)
-ALL_WINDOWS_ESTIMATE = 160
-
-def eval_windows(sweep: SweepSettings) -> int:
-    return ALL_WINDOWS_ESTIMATE if sweep.eval_sequences == "all" else sweep.eval_sequences
-
-def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
-    """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
-    locate, sweep, sampling = config.locate, config.sweep, config.sampling
-    budget = Budget.from_dict(config.budget)
-    sweep_budget = Budget.from_dict(sweep.budget)
-    samples = sampling.samples * sampling.seq_len
-    if unit.stage == "locate":
-        return f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", locate.tokens * 2, 0
-    if unit.stage == "targets":
-        length = unit.seq_len
-        needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
-        return "one forward pass over the training subset, stored", needed * length, 0
-    if unit.stage == "sweep":
-        return (f"{sweep_budget.steps} steps{streamed(config)}",
-                eval_windows(sweep) * sweep_budget.seq_len * 3 + streamed_tokens(config, sweep_budget),
-                sweep_budget.steps * sweep_budget.tokens_per_step)
-    if unit.stage == "dihal" or unit.label == "control-regressor":
-        return (f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
-                samples + streamed_tokens(config, budget), budget.steps * budget.tokens_per_step)
-    if unit.label == "control-skip":
-        return f"{sampling.samples} samples, nothing trained", samples, 0
-    if unit.stage == "references":
-        return f"{sampling.samples} texts drawn, no model", 0, 0
-    if unit.stage == "steps":
-        return (f"bridgeability + {sampling.samples} samples + Gen.PPL",
-                eval_windows(sweep) * budget.seq_len * 3 + samples * 3, 0)
-    if unit.stage == "baselines":
-        registration = get_registry().items["baseline"].get(unit.label)
-        method = None if registration is None else registration.obj
-        if method is not None and not method.in_budget:
-            return f"{sampling.samples} samples, nothing trained", samples, 0
-        trained = budget.steps * budget.tokens_per_step
-        if method is not None and method.trains_through_backbone:
-            # a forward and a backward pass of the whole backbone per step: about three forward passes
-            return f"{budget.steps} steps through the backbone + {sampling.samples} samples", samples + 3 * trained, 0
-        return f"up to {budget.steps} steps + {sampling.samples} samples", samples, trained
-    if unit.stage == "metrics":
-        return f"{sampling.samples} samples under the evaluator", samples * 2, 0
-    repeats = config.metrics.latency_repeats
-    return f"{repeats} timed decodes per method", (repeats + 1) * len(method_names(config)) * samples, 0
-
-def streamed(config: SuiteConfig) -> str:
-    return ", targets streamed" if config.bridge.streams_targets else ""
-
-def streamed_tokens(config: SuiteConfig, budget: Budget) -> int:
-    """Backbone tokens a bridge job adds when its targets are streamed: every step runs its batch
-    through layers 1..ℓ, counted as half a full pass (ℓ is unknown before locate)."""
-    return budget.steps * budget.tokens_per_step // 2 if config.bridge.streams_targets else 0
 
 def targets_memory(config: SuiteConfig) -> str:
     if config.bridge.streams_targets:
@@ -113,49 +65,100 @@ def worker_memory(config: SuiteConfig) -> int | None:
 def _device_kind(config: SuiteConfig) -> str:
     return "cuda" if str(config.device).startswith("cuda") else "cpu"
 
-def unit_seconds(unit: Unit, config: SuiteConfig, params: float | None) -> float | None:
-    """A unit's estimated wall time from its FLOPs, None when the backbone's size is unknown."""
-    if not params:
-        return None
-    _, backbone_tokens, trained_tokens = unit_cost(unit, config)
-    # forward 2·P·tokens through the frozen backbone; training a ~P/100 trainable part
-    # on cached targets costs far less, so it is counted as 6·(P/100)·tokens
-    flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
-    return flops / THROUGHPUT[_device_kind(config)]
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens per second of each kind of :class:`Work`, and where the figures come from."""
 
-def format_plan(name: str, config: SuiteConfig) -> str:
-    params = backbone_parameters(config.backbone)
+    forward: float
+    decode: float
+    evaluator: float
+    trained: float
+    source: str
+
+    def seconds(self, work: Work) -> float:
+        return (work.forward / self.forward + work.decode / self.decode + work.evaluator / self.evaluator
+                + work.trained / self.trained)
+
+    def describe(self, params: float) -> str:
+        flops = {kind: getattr(self, kind) * 2 * params for kind in ("forward", "decode", "evaluator")}
+        return (f"time: {self.source}: backbone forward {flops['forward']:.2e}, decode {flops['decode']:.2e}, "
+                f"evaluator {flops['evaluator']:.2e} FLOP/s (2 x backbone parameters per token), "
+                f"bridge training {self.trained:,.0f} tokens/s")
+
+
+def assumed_throughput(config: SuiteConfig, params: float) -> Throughput:
+    """The rates the assumed sustained FLOP/s give: a forward costs 2·P FLOPs per token, and
+    training a ~P/100 trainable part on cached targets 6·(P/100)."""
     device = _device_kind(config)
+    rate = THROUGHPUT[device]
+    forward = rate / (2 * params)
+    return Throughput(forward, forward, forward, rate / (6 * params / 100),
+                      f"FLOPs / {rate:.1e} FLOP/s assumed sustained on {device}; order-of-magnitude only")
+
+
+def unit_seconds(unit: Unit, config: SuiteConfig, params: float | None,
+                 throughput: Throughput | None = None) -> float | None:
+    """A unit's estimated wall time, None when the backbone's size is unknown (and nothing was
+    measured): its work at the measured ``throughput``, else at the assumed FLOP/s."""
+    if throughput is None:
+        if not params:
+            return None
+        throughput = assumed_throughput(config, params)
+    return throughput.seconds(unit_work(unit, config))
+
+def format_plan(name: str, config: SuiteConfig, throughput: Throughput | None = None,
+                done: dict[str, str] | None = None) -> str:
+    """The dry run's text: the resolved config, every unit of a seed with its work and estimated
+    time (at ``throughput`` when measured), totals and memory. ``done`` adds a column that says, per
+    unit label, whether the job store already holds its result (a label it lacks: cannot tell
+    before the stages before it have run)."""
+    params = backbone_parameters(config.backbone)
+    if throughput is None and params:
+        throughput = assumed_throughput(config, params)
     bytes_per = BYTES.get(config.dtype, 4)
     rows, total = [], 0.0
     for unit in seed_units(config):
         detail, backbone_tokens, trained_tokens = unit_cost(unit, config)
-        seconds = unit_seconds(unit, config, params)
+        seconds = unit_seconds(unit, config, params, throughput)
         total += seconds or 0.0
-        rows.append([unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)])
+        row = [unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)]
+        if done is not None:
+            row.append(done.get(unit.label, "?"))
+        rows.append(row)
     seeds = len(config.seeds)
+    headers = ["unit", "what", "backbone tokens", "trained tokens", "est. time"] + (["done"] if done is not None else [])
     lines = [f"suite {name}: {config.description}", "", "resolved config:",
              json.dumps(config.to_dict(), indent=2), "",
+             f"device: {config.device}, dtype: {config.dtype}", "",
              f"jobs per seed ({seeds} seed{'s' if seeds > 1 else ''}: {list(config.seeds)}):",
-             tabulate(rows, headers=["unit", "what", "backbone tokens", "trained tokens", "est. time"])]
-    if params:
+             tabulate(rows, headers=headers)]
+    if throughput is not None:
         lines.append(f"total: {_duration(total)} per seed, {_duration(total * seeds)} for {seeds} seed(s)")
+    if done is not None:
+        lines.append("done: whether --out holds the unit's finished job for every seed; ?: its job key depends "
+                     "on earlier stages' results, so the dry run cannot tell")
     if params:
         weights = params * bytes_per
         lines.append(f"\nmemory: backbone weights {weights / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters, "
                      f"{config.dtype}); {targets_memory(config)}")
-        lines.append(f"time: FLOPs / {THROUGHPUT[device]:.1e} FLOP/s assumed sustained on {device}; "
-                     "order-of-magnitude only")
     else:
-        lines.append("\nmemory and time: unknown (the backbone's size is not in its name)")
+        lines.append("\nmemory: unknown (the backbone's size is not in its name)")
+    lines.append(throughput.describe(params or 0.0) if throughput is not None and params
+                 else "time: unknown (the backbone's size is not in its name; --calibrate measures it)")
+    lines.append(UNPRICED)
     return "\n".join(lines)
+
+#: what the estimate leaves out, said next to it: on the smoke suite (2 shared CPU cores) locate's
+#: proxies took 15x its backbone pass, and a sweep layer's evaluation several times its training
+UNPRICED = ("not priced: locate's geometry proxies and the sweep's bridgeability and hybrid-perplexity "
+            "evaluation, so locate and sweep take several times their estimate (benchmarks/eta_bench.py)")
 
 #: the stages whose jobs are independent of each other, in the order they run (an executor
 #: runs a stage's jobs in parallel and waits for all of them before the next stage)
 PARALLEL_STAGES = (("locate",), ("targets",), ("sweep",), ("dihal", "controls", "references", "baselines"),
                    ("steps",), ("metrics",), ("latency",))
 
-def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
+def format_schedule(name: str, config: SuiteConfig, devices: int, throughput: Throughput | None = None) -> str:
     """The plan as a schedule over ``devices`` devices (GPUs, or CPU workers), one job per device
     at a time, every seed's jobs of a stage sharing the devices (as the runner hands them to the
     executor): per stage its jobs, its longest job, its time (the longest job, or the stage's total
@@ -175,7 +178,7 @@ def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
     scored = worker_memory(config) or weights
     rows, critical, makespan, device_seconds = [], 0.0, 0.0, 0.0
     for stages in PARALLEL_STAGES:
-        jobs = [unit_seconds(unit, config, params) for unit in units if unit.stage in stages] * seeds
+        jobs = [unit_seconds(unit, config, params, throughput) for unit in units if unit.stage in stages] * seeds
         if not jobs:
             continue
         longest, total = max(jobs), sum(jobs)
@@ -199,7 +202,7 @@ def format_schedule(name: str, config: SuiteConfig, devices: int) -> str:
         f"packed ({makespan / (device_seconds / devices):.2f}x that)",
         "memory per job: the backbone's weights (and the evaluator's for metrics) in the suite's dtype; "
         f"{targets_memory(config)}",
-        f"time: FLOPs / {THROUGHPUT[_device_kind(config)]:.1e} FLOP/s assumed sustained; order-of-magnitude only",
+        (throughput or assumed_throughput(config, params)).describe(params),
     ])
 
 

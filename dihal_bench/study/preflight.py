@@ -113,6 +113,81 @@ def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, 
     check_registered("metric", config.metrics.names, "metrics.names")
     for what, folder in (folders or {}).items():
         check_writable(folder, what)
+    if here:
+        check_suite_data(config)
+
+
+# -- what the model and its data can take, known without loading weights -----------------------
+
+
+def check_suite_data(config: SuiteConfig) -> None:
+    """The suite's corpus builds, and what its backbone's ``describe`` and ``tokenizer`` hooks
+    say without loading weights: explicit sweep layers exist, locate's dropped channels and token
+    count fit the width and the validation split, and the training split feeds every budget.
+    What a plugin without the hooks cannot say is checked after the load
+    (:meth:`dihal_bench.study.run.Run.check_inputs`, through :func:`check_model_inputs`)."""
+    from dihal_bench.registry.resolve import (
+        backbone_tokenizer,
+        describe_backbone,
+        load_corpus,
+    )
+
+    corpus = load_corpus(config.corpus)
+    check_model_inputs(config, describe_backbone(config.backbone), backbone_tokenizer(config.backbone), corpus)
+
+
+def check_model_inputs(config: SuiteConfig, shape, tokenizer, corpus) -> None:
+    """A suite's layers, channel counts, token counts and budgets against a backbone's
+    :class:`~dihal_bench.api.backbone.BackboneShape` (None: unknown yet) and ``tokenizer`` (None:
+    unknown yet) and the corpus; each check runs on what is known."""
+    from dihal_bench.study.plan import budget_sections
+    from dihal_bench.study.protocol import section_budget
+
+    locate = config.locate
+    check_locate_inputs(shape, tokenizer, corpus, tokens=locate.tokens, seq_len=locate.seq_len,
+                        drop_top=locate.drop_top, key="locate.")
+    if shape is not None and config.sweep.layers != "auto":
+        for layer in config.sweep.layers:
+            shape.check_layer(layer)
+    if tokenizer is not None:
+        for section in budget_sections(config, shape.num_layers if shape is not None else None):
+            check_budget_fits(section_budget(config, section, seed=0), tokenizer, corpus)
+
+
+def check_locate_inputs(shape, tokenizer, corpus, *, tokens: int, seq_len: int, drop_top: int, key: str) -> None:
+    """Locate's dropped channels against the width and its ``tokens`` against the positions of
+    the validation split's windows of ``seq_len`` tokens; ``key`` prefixes the option names in
+    messages (``locate.`` for a suite, ``--`` for the command)."""
+    from dihal_bench.locate.geometry import check_drop_top
+
+    if shape is not None:
+        if shape.num_layers < 3:  # locate scores layers 1..L-1 and needs two neighbours
+            raise DihalError(f"{shape.name} has {shape.num_layers} layers; locate needs at least 3")
+        try:
+            check_drop_top(drop_top, shape.width)
+        except DihalError as exc:
+            option = "drop_top" if key.endswith(".") else "drop-top"
+            raise DihalError(key + str(exc).replace("drop_top", option, 1)) from None
+    if tokenizer is None:
+        return
+    windows = split_windows(tokenizer, corpus, "validation", seq_len)
+    positions = windows * (seq_len - 1)  # position 0 is never sampled: it has no context
+    if tokens > positions:
+        raise DihalError(f"{key}tokens={tokens} exceeds the {positions} token positions of the validation split "
+                         f"({windows} windows of {seq_len} tokens)")
+
+
+def check_budget_fits(budget, tokenizer, corpus) -> None:
+    """The training split, in windows of the budget's length, feeds the budget's steps."""
+    budget.check_fits(split_windows(tokenizer, corpus, "train", budget.seq_len))
+
+
+def split_windows(tokenizer, corpus, split: str, seq_len: int) -> int:
+    """How many windows of ``seq_len`` tokens ``split`` packs into: the same tokenization and
+    packing as the training and locate code (dihal_bench.api.corpus), from the tokenizer alone."""
+    from dihal_bench.api.corpus import pack, tokenize_documents
+
+    return len(pack(tokenize_documents(corpus.split(split), tokenizer), seq_len, split_name=split))
 
 
 # -- the job store and the Ray cluster, before any model loads --------------------------------

@@ -3,7 +3,12 @@ so far, the compute time of each seed's stages, and one bar over every unit of e
 
 Executors claim a stage's items before running them (:meth:`Progress.claim`), which checks them
 against the plan, and report each one done with its time (:meth:`Progress.finish`), in whatever
-order they finish."""
+order they finish.
+
+The bar advances by each unit's estimated seconds, not by one per unit: a run's units differ in
+cost by a factor of a hundred (a drawn reference against a latency job), so a per-unit average
+says little about the time left, while the estimated seconds done per second of wall time,
+applied to the estimated seconds left, weights every remaining unit by its own cost."""
 
 from __future__ import annotations
 
@@ -12,14 +17,27 @@ from tqdm.auto import tqdm
 from dihal_bench.study.executors.base import Item
 from dihal_bench.study.plan import Unit
 
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]"
+
 
 class Progress:
-    def __init__(self, plans: dict[int, list[Unit]], desc: str, enabled: bool = True):
+    def __init__(self, plans: dict[int, list[Unit]], desc: str, enabled: bool = True,
+                 costs: dict[int, list[float]] | None = None):
+        """``costs``: each planned unit's estimated seconds, in the plan's order (by default one each)."""
         self.plans = plans
+        self.costs = costs or {seed: [1.0] * len(plan) for seed, plan in plans.items()}
+        if any(len(self.costs[seed]) != len(plan) for seed, plan in plans.items()):
+            raise AssertionError("a cost for every planned unit")
         self.claimed: dict[int, list[str]] = {seed: [] for seed in plans}
         self.seconds: dict[int, dict[str, float]] = {seed: {} for seed in plans}
         self.stage_of: dict[tuple[int, str], str] = {}
-        self.bar = tqdm(total=sum(map(len, plans.values())), desc=desc, unit="unit", disable=not enabled)
+        self.cost_of: dict[tuple[int, str], float] = {}
+        self.total_units = sum(map(len, plans.values()))
+        self.done_units, self.done_cost = 0, 0.0
+        self.bar = tqdm(total=sum(map(sum, self.costs.values())), desc=desc, bar_format=BAR_FORMAT,
+                        disable=not enabled)
+        self._label = ""
+        self._show()
 
     def claim(self, items: list[Item]) -> None:
         """Each item is its seed's next planned unit, in order: the runner never leaves its plan."""
@@ -30,16 +48,25 @@ class Progress:
                 raise AssertionError(f"the runner left its plan: seed {item.seed} doing {item.label!r}, "
                                      f"planned {expected!r}")
             self.stage_of[item.seed, item.label] = plan[len(done)].stage
+            self.cost_of[item.seed, item.label] = self.costs[item.seed][len(done)]
             done.append(item.label)
 
     def start(self, item: Item) -> None:
-        self.bar.set_postfix_str(f"seed {item.seed}: {item.label}")
+        self._label = f"seed {item.seed}: {item.label}"
+        self._show()
 
     def finish(self, item: Item, seconds: float) -> None:
         """``item`` is done after ``seconds`` of its own compute; its seed's stage gets them."""
         stage = self.stage_of[item.seed, item.label]
         self.seconds[item.seed][stage] = self.seconds[item.seed].get(stage, 0.0) + seconds
-        self.bar.update(1)
+        self.done_units += 1
+        self.done_cost += self.cost_of[item.seed, item.label]
+        self.bar.update(self.cost_of[item.seed, item.label])
+        self._show()
+
+    def _show(self) -> None:
+        self.bar.set_postfix_str(f"{self.done_units}/{self.total_units} units"
+                                 + (f", {self._label}" if self._label else ""))
 
     def check_complete(self) -> None:
         for seed, plan in self.plans.items():

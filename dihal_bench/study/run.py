@@ -8,13 +8,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.backbone import Backbone, BackboneShape
 from dihal_bench.api.bridge import HiddenStateBridge
 from dihal_bench.api.references import held_out_windows
 from dihal_bench.base.mapped import map_safetensors
 from dihal_bench.config.settings import SuiteConfig
-from dihal_bench.errors import DihalError
-from dihal_bench.hybrid.sweep import check_layers
+from dihal_bench.config.suite import resolve_device, resolve_dtype
 from dihal_bench.hybrid.training import (
     BridgeSpec,
     SplitTensors,
@@ -26,11 +25,9 @@ from dihal_bench.hybrid.training import (
     validation_subset,
     with_states,
 )
-from dihal_bench.locate.geometry import check_drop_top
 from dihal_bench.registry.resolve import load_backbone, load_corpus
 from dihal_bench.study.jobs import JobStore
-from dihal_bench.study.plan import budget_sections
-from dihal_bench.study.protocol import section_budget
+from dihal_bench.study.preflight import check_model_inputs
 from dihal_bench.training.budget import Budget
 
 
@@ -65,7 +62,10 @@ class Run:
         return load_corpus(self.config.corpus)
 
     def _load_options(self) -> dict:
-        options = {"device": self.device or self.config.device, "dtype": self.config.dtype}
+        # "auto" resolved here too, so that a Run built from any suite config (not only run_suite's
+        # resolved one) loads where the run would
+        device = self.device or resolve_device(self.config.device)
+        options = {"device": device, "dtype": resolve_dtype(self.config.dtype, device)}
         if self.config.device_map and self.device is None:
             options["device_map"] = self.config.device_map
         return options
@@ -76,21 +76,12 @@ class Run:
 
     # -- data -------------------------------------------------------------------------------------
     def check_inputs(self) -> None:
-        """What can only be checked with the backbone and corpus loaded, before any job runs:
-        explicit sweep layers exist, locate's tokens and dropped channels fit the validation split
-        and the width, and the training split can feed every budget."""
+        """The pre-flight checks of what the model and its data can take (explicit sweep layers,
+        locate's tokens and dropped channels, every budget against the training split), again
+        with the backbone loaded: for a backbone plugin whose ``describe`` or ``tokenizer`` hook
+        is missing or could not say, this is where they are first known."""
         self.corpus  # built first: a missing corpus path is refused before the models load
-        locate = self.config.locate
-        check_drop_top(locate.drop_top, self.backbone.width)
-        windows = len(packed_split(self.backbone, self.corpus, "validation", locate.seq_len))
-        if locate.tokens > windows * (locate.seq_len - 1):
-            raise DihalError(f"locate.tokens={locate.tokens} exceeds the {windows * (locate.seq_len - 1)} token "
-                             f"positions of the validation split ({windows} windows of {locate.seq_len} tokens)")
-        if self.config.sweep.layers != "auto":
-            check_layers(self.backbone, list(self.config.sweep.layers))
-        for section in budget_sections(self.config, self.backbone.num_layers):
-            budget = section_budget(self.config, section, seed=0)
-            budget.check_fits(len(packed_split(self.backbone, self.corpus, "train", budget.seq_len)))
+        check_model_inputs(self.config, BackboneShape.of(self.backbone), self.backbone.tokenizer, self.corpus)
 
     def train_sequences(self, budget: Budget, seed: int) -> torch.Tensor:
         """The training sequences a budget draws: a prefix of the seed's permutation of the

@@ -16,16 +16,20 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from dihal_bench.base.provenance import environment
 from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.config.suite import resolved_config
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
+from dihal_bench.study.calibration import estimate_line, run_throughput
+from dihal_bench.study.estimate import unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.plan import (
@@ -80,18 +84,46 @@ class SeedStudy:
         return [by_section[section] for section in budget_sections(config, num_layers, bridge_targets=True)]
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during a run, with how far it got: finished jobs stay in the store, so
+    the same command resumes from them."""
+
+    def __init__(self, done: int, total: int):
+        super().__init__(f"{done} of {total} units done")
+        self.done, self.total = done, total
+
+
 def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
               results_dir: Path = Path("runs/results"), progress: bool = True,
-              executor: Executor | None = None) -> Path:
+              executor: Executor | None = None, report: Callable[[str], None] | None = None,
+              calibrate: bool = False) -> Path:
     """Run every stage for every seed and write the run record; returns its path. ``executor``
-    says where the units of work run (dihal_bench.study.executors; in order in this process by default)."""
+    says where the units of work run (dihal_bench.study.executors; in order in this process by default).
+    An "auto" device or dtype is resolved here, once, and the record's config names what ran.
+    ``report`` gets the estimate before any work starts, from rates measured on this machine when
+    ``calibrate`` (seconds of timed steps; only where the work runs here), else assumed ones."""
     executor = executor or LocalExecutor()
+    config = resolved_config(config)
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
                 here=executor.computes_here)
     run = Run(suite, config, out_root, progress, device=executor.driver_device)
     run.check_inputs()
     plans = {seed: seed_units(config, run.backbone.num_layers) for seed in config.seeds}
-    tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress)
+    throughput = run_throughput(run, calibrate and executor.computes_here)
+    costs = {seed: [unit_seconds(unit, config, None, throughput) for unit in plan] for seed, plan in plans.items()}
+    if report is not None:
+        report(estimate_line(config, costs, throughput))
+    tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress,
+                       costs=costs)
+    try:
+        return _run_stages(suite, config, run, executor, tracker, results_dir)
+    except KeyboardInterrupt as exc:
+        tracker.close()
+        raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
+
+
+def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, tracker: Progress,
+                results_dir: Path) -> Path:
     with run.store.lock(), executor.start(run, tracker):
         started = time.perf_counter()
         per_seed = study_seeds(run, executor, list(config.seeds))

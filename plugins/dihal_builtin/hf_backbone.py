@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.masking_utils import (
     create_causal_mask,
     create_sliding_window_causal_mask,
@@ -31,6 +31,28 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return DTYPES[dtype]
     except KeyError:
         raise DihalError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+def describe_pretrained(model_id: str, *, trust_remote_code: bool = False) -> dict:
+    """Depth and width of a hub id or local model directory from its ``config.json`` alone
+    (the backbone plugin's ``describe``): the numbers the loaded :class:`HFBackbone` reports."""
+    try:
+        config = AutoConfig.from_pretrained(model_id, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
+    # a multimodal checkpoint nests the decoder's settings; the causal LM is built from those
+    text = config.get_text_config()
+    return {"layers": text.num_hidden_layers, "width": text.hidden_size}
+
+
+def pretrained_tokenizer(model_id: str, *, gguf_file: str | None = None, trust_remote_code: bool = False):
+    """The tokenizer of a hub id or local model directory (a GGUF file's, with ``gguf_file``),
+    without the model's weights."""
+    options = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        return AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code, **options)
+    except (OSError, ValueError) as exc:  # missing files; a directory that holds no model
+        raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
 
 
 class HFBackbone(Backbone):
@@ -72,10 +94,8 @@ class HFBackbone(Backbone):
             kwargs["gguf_file"] = gguf_file
         if device_map:
             kwargs["device_map"] = device_map
+        tokenizer = pretrained_tokenizer(model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(
-                model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code
-            ) if gguf_file else AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
             model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
         except (OSError, ValueError) as exc:  # missing files; a directory that holds no model
             raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None

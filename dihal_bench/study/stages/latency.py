@@ -61,16 +61,24 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
         backbone = intact_control(run.backbone)
         timed[reference := "(intact backbone)"] = lambda n, t=length: backbone.generate(n, t, seed=seed, batch_size=n)
     names = list(timed)
-    for name in names:  # warm-up: allocations, caches and lazy setup, kept out of the figures
-        for size in sizes:
-            timed[name](size, min(length, WARM_UP_TOKENS))
     times: dict[tuple[str, int], list[float]] = {(name, size): [] for name in names for size in sizes}
-    for round_ in tqdm(range(repeats), desc="latency", disable=not run.progress, leave=False):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+    # one step per method per round, warm-up included: the job takes minutes and would otherwise
+    # show nothing between its start and its end
+    with tqdm(total=(repeats + 1) * len(names), desc="latency", unit="decode", disable=not run.progress,
+              leave=False) as bar:
+        for name in names:  # warm-up: allocations, caches and lazy setup, kept out of the figures
+            bar.set_postfix_str(f"warm-up {name}")
             for size in sizes:
-                started = time.perf_counter()
-                timed[name](size)
-                times[name, size].append(time.perf_counter() - started)
+                timed[name](size, min(length, WARM_UP_TOKENS))
+            bar.update(1)
+        for round_ in range(repeats):
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                bar.set_postfix_str(f"round {round_ + 1}/{repeats} {name}")
+                for size in sizes:
+                    started = time.perf_counter()
+                    timed[name](size)
+                    times[name, size].append(time.perf_counter() - started)
+                bar.update(1)
     results = {}
     for name in names:
         values = results[name] = {}

@@ -1,0 +1,85 @@
+"""How well a run's estimate holds: each stage's estimated seconds against the seconds the run
+then took, for one suite (default: smoke) run in a fresh temporary job store.
+
+The estimate is the one ``dihal-bench run`` prints before its work starts, from rates measured
+on this machine by ``dihal_bench.study.estimate.calibrate`` (a few seconds), and the assumed
+FLOP/s (``--dry-run`` without ``--calibrate``) beside it. The measured seconds are the run
+record's ``timings``: each stage's units' compute time, summed over seeds. A ratio of 1.00 is a
+perfect estimate; the issue's bar is within 25% (0.80-1.25) per stage. Models are loaded before
+the calibration, so no stage pays for loading them. On a shared machine the figures move with
+the other load: say so when quoting them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import common
+from tabulate import tabulate
+
+from dihal_bench.config.suite import apply_overrides, resolve_suite, resolved_config
+from dihal_bench.study.estimate import (
+    assumed_throughput,
+    backbone_parameters,
+    calibrate,
+    unit_seconds,
+)
+from dihal_bench.study.plan import seed_units
+from dihal_bench.study.run import Run
+from dihal_bench.study.runner import run_suite
+
+STAGES = ("locate", "targets", "sweep", "dihal", "controls", "references", "baselines", "steps", "metrics", "latency")
+
+
+def stage_estimates(config, num_layers: int, throughput) -> dict[str, float]:
+    """Each stage's estimated seconds over all seeds of ``config``."""
+    totals: dict[str, float] = {}
+    for unit in seed_units(config, num_layers):
+        totals[unit.stage] = totals.get(unit.stage, 0.0) + unit_seconds(unit, config, None, throughput)
+    return {stage: seconds * len(config.seeds) for stage, seconds in totals.items()}
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument("--suite", default="smoke")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a suite override, as `dihal-bench run --set`")
+    args = parser.parse_args()
+    name, config = resolve_suite(args.suite)
+    sets = dict(item.split("=", 1) for item in args.sets)
+    if args.quick:
+        sets.setdefault("sampling.samples", "2")
+        sets.setdefault("metrics.mauve", "false")
+    config = resolved_config(apply_overrides(config, {**sets, "seeds": f"[{args.seed}]"}))
+    with tempfile.TemporaryDirectory() as folder:
+        run = Run(name, config, Path(folder) / "runs", progress=False)
+        measured_rates = calibrate(config, run.backbone, run.evaluator, seed=args.seed)
+        params = backbone_parameters(config.backbone) or float(run.backbone.num_parameters)
+        calibrated = stage_estimates(config, run.backbone.num_layers, measured_rates)
+        assumed = stage_estimates(config, run.backbone.num_layers, assumed_throughput(config, params))
+        record = json.loads(run_suite(name, config, out_root=Path(folder) / "runs", results_dir=Path(folder) / "results",
+                                      progress=False).read_text())
+    took = record["timings"]
+    rows, report = [], {}
+    for stage in [s for s in STAGES if s in calibrated]:
+        ratio = calibrated[stage] / took[stage] if took.get(stage) else None
+        rows.append([stage, f"{calibrated[stage]:.1f}", f"{assumed[stage]:.1f}", f"{took.get(stage, 0.0):.1f}",
+                     "-" if ratio is None else f"{ratio:.2f}"])
+        report[stage] = {"estimated_s": calibrated[stage], "assumed_s": assumed[stage], "measured_s": took.get(stage),
+                         "ratio": ratio}
+    estimated_total, measured_total = sum(calibrated.values()), sum(took[s] for s in calibrated if s in took)
+    rows.append(["all stages", f"{estimated_total:.1f}", f"{sum(assumed.values()):.1f}", f"{measured_total:.1f}",
+                 f"{estimated_total / measured_total:.2f}"])
+    print(f"suite {name}, seed {args.seed}, {config.device} ({config.dtype}); rates: "
+          f"{measured_rates.describe(params)}")
+    print(tabulate(rows, headers=["stage", "estimated s (calibrated)", "estimated s (assumed)", "measured s",
+                                  "estimated/measured"]))
+    common.report("eta", {"stages": report, "estimated_s": estimated_total, "measured_s": measured_total},
+                  {"suite": name, "seed": args.seed, "device": config.device, "dtype": config.dtype, "sets": sets},
+                  args.json)
+
+
+if __name__ == "__main__":
+    main()

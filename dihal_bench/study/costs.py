@@ -1,0 +1,106 @@
+"""What each unit of a plan costs, in tokens of each kind (batched backbone forwards, decoded
+tokens, evaluator forwards, trained tokens), counted from the suite alone; ``estimate`` turns them
+into seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dihal_bench.config.settings import SuiteConfig, SweepSettings
+from dihal_bench.registry.plugins import get_registry
+from dihal_bench.study.plan import Unit, method_names, target_budgets
+from dihal_bench.training.budget import Budget
+
+#: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
+#: without the corpus (the embedded stdlib-docs validation split has 162 windows of 64 tokens)
+ALL_WINDOWS_ESTIMATE = 160
+
+def eval_windows(sweep: SweepSettings) -> int:
+    return ALL_WINDOWS_ESTIMATE if sweep.eval_sequences == "all" else sweep.eval_sequences
+
+@dataclass(frozen=True)
+class Work:
+    """What a unit costs, by the kind of token, since each kind runs at its own rate: batched
+    forwards of the frozen backbone, tokens decoded one position at a time, evaluator forwards,
+    and tokens a trainable part is trained on."""
+
+    detail: str
+    forward: int = 0
+    decode: int = 0
+    evaluator: int = 0
+    trained: int = 0
+
+    @property
+    def backbone_tokens(self) -> int:
+        return self.forward + self.decode + self.evaluator
+
+def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
+    """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
+    work = unit_work(unit, config)
+    return work.detail, work.backbone_tokens, work.trained
+
+def unit_work(unit: Unit, config: SuiteConfig) -> Work:
+    """A unit's :class:`Work` (what :func:`unit_cost` sums)."""
+    locate, sweep, sampling = config.locate, config.sweep, config.sampling
+    budget = Budget.from_dict(config.budget)
+    sweep_budget = Budget.from_dict(sweep.budget)
+    samples = sampling.samples * sampling.seq_len
+    if unit.stage == "locate":
+        return Work(f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", forward=locate.tokens * 2)
+    if unit.stage == "targets":
+        length = unit.seq_len
+        needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
+        return Work("one forward pass over the training subset, stored", forward=needed * length)
+    if unit.stage == "sweep":
+        return Work(f"{sweep_budget.steps} steps{streamed(config)}",
+                    forward=eval_windows(sweep) * sweep_budget.seq_len * 3 + streamed_tokens(config, sweep_budget),
+                    trained=sweep_budget.steps * sweep_budget.tokens_per_step)
+    if unit.stage == "dihal" or unit.label == "control-regressor":
+        return Work(f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
+                    forward=streamed_tokens(config, budget), decode=samples,
+                    trained=budget.steps * budget.tokens_per_step)
+    if unit.label == "control-skip":
+        return Work(f"{sampling.samples} samples, nothing trained", decode=samples)
+    if unit.stage == "references":
+        return Work(f"{sampling.samples} texts drawn, no model")
+    if unit.stage == "steps":
+        return Work(f"bridgeability + {sampling.samples} samples + Gen.PPL",
+                    forward=eval_windows(sweep) * budget.seq_len * 3, decode=samples, evaluator=samples * 2)
+    if unit.stage == "baselines":
+        registration = get_registry().items["baseline"].get(unit.label)
+        method = None if registration is None else registration.obj
+        if method is not None and not method.in_budget:
+            return Work(f"{sampling.samples} samples, nothing trained", decode=samples)
+        trained = budget.steps * budget.tokens_per_step
+        if method is not None and method.trains_through_backbone:
+            # a forward and a backward pass of the whole backbone per step: about three forward passes
+            return Work(f"{budget.steps} steps through the backbone + {sampling.samples} samples",
+                        forward=3 * trained, decode=samples)
+        return Work(f"up to {budget.steps} steps + {sampling.samples} samples", decode=samples, trained=trained)
+    if unit.stage == "metrics":
+        return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples * 2)
+    return latency_work(config)
+
+def latency_work(config: SuiteConfig) -> Work:
+    """The latency job: every method that decodes (and the intact backbone, unless a baseline is
+    it) decodes ``seq_len`` tokens at batch 1 and at the batch size, once per round. A decode step
+    costs about the same at batch 1 as at the batch size for the models this runs on a CPU (its
+    cost is reading the weights), so each batch-1 step is counted as a batch step; the short
+    warm-up decode is left out."""
+    sampling, repeats = config.sampling, config.metrics.latency_repeats
+    registry = get_registry().items["baseline"]
+    decoding = [name for name in method_names(config) if not name.startswith("reference-")]
+    intact = any(getattr(registry[name].obj, "intact_backbone", False) for name in config.methods.baselines
+                 if name in registry)
+    methods = len(decoding) + (0 if intact else 1)
+    steps = repeats * 2 * sampling.seq_len
+    return Work(f"{repeats} timed decodes per method, at batch 1 and {sampling.batch_size}",
+                decode=methods * steps * sampling.batch_size)
+
+def streamed(config: SuiteConfig) -> str:
+    return ", targets streamed" if config.bridge.streams_targets else ""
+
+def streamed_tokens(config: SuiteConfig, budget: Budget) -> int:
+    """Backbone tokens a bridge job adds when its targets are streamed: every step runs its batch
+    through layers 1..ℓ, counted as half a full pass (ℓ is unknown before locate)."""
+    return budget.steps * budget.tokens_per_step // 2 if config.bridge.streams_targets else 0
