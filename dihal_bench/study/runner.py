@@ -103,6 +103,7 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
     ``report`` gets the estimate before any work starts, from rates measured on this machine when
     ``calibrate`` (seconds of timed steps; only where the work runs here), else assumed ones."""
     executor = executor or LocalExecutor()
+    ran_on = environment()  # at the start: the code that runs, not whatever is checked out when it ends
     config = resolved_config(config)
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
                 here=executor.computes_here)
@@ -116,14 +117,14 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
     tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress,
                        costs=costs)
     try:
-        return _run_stages(suite, config, run, executor, tracker, results_dir)
+        return _run_stages(suite, config, run, executor, tracker, results_dir, ran_on)
     except KeyboardInterrupt as exc:
         tracker.close()
         raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
 
 
 def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, tracker: Progress,
-                results_dir: Path) -> Path:
+                results_dir: Path, ran_on: dict) -> Path:
     with run.store.lock(), executor.start(run, tracker):
         started = time.perf_counter()
         per_seed = study_seeds(run, executor, list(config.seeds))
@@ -147,7 +148,7 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
             "seeds": list(config.seeds),
             "config": config.to_dict(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "environment": environment(),
+            "environment": ran_on,
             "timings": {**stage_totals, "total_seconds": time.perf_counter() - started},
             # relative to the working directory, as the schema says and lm_eval.record reads it
             "jobs": os.path.relpath(run.store.root),
