@@ -454,8 +454,18 @@ def test_a_stopped_run_says_what_is_done_and_the_command_that_resumes(tiny_suite
     done, total = map(int, re.search(r"Interrupted\. (\d+) of (\d+) units done; ", last).groups())
     assert 1 <= done < total
     assert last.endswith("run the same command again to resume: dihal-bench " + " ".join(common))
-    # the estimate came before any work (assumed rates: the run was not asked to --calibrate)
-    assert re.search(r"^running on cpu \(float32\); estimated \d+ min for 1 seed \(", stderr, re.MULTILINE)
+    # --quiet: no estimate line, no bars; only the outcome
+    assert "running on" not in stderr
+
+
+def test_a_run_reports_where_it_runs_and_its_estimate_before_any_work():
+    from dihal_bench.study.calibration import estimate_line
+    from dihal_bench.study.estimate import Throughput
+
+    _, config = resolve_suite("smoke")
+    rates = Throughput(forward=1e3, decode=1e2, evaluator=1e3, trained=1e3, source="assumed")
+    line = estimate_line(dataclasses.replace(config, device="cpu", dtype="float32"), {0: [60.0, 120.0], 1: [60.0]}, rates)
+    assert line.startswith("running on cpu (float32); estimated 4 min for 2 seeds (assumed)")
 
 
 def test_the_bar_advances_by_each_units_estimated_seconds():

@@ -101,7 +101,7 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     check_store_free(Path(out_root) / name / "jobs")  # the store run_suite locks, before its models load
     with sigterm_interrupts():
         path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
-                         executor=chosen, report=lambda line: click.echo(line, err=True),
+                         executor=chosen, report=None if quiet else (lambda line: click.echo(line, err=True)),
                          calibrate=calibrate)
     click.echo(f"wrote run record {path}")
 
