@@ -4,7 +4,6 @@ read out by an autoregressive decoder that rounds in context."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -28,11 +27,8 @@ from .common import (
     seeded_init,
     width_for_allowance,
 )
+from .decoder_input import DecoderInputOption, NoiseInputControl
 from .schedules import cosine_alpha_bar, noised, reverse_chain
-
-#: what the decoder reads at sampling: the reverse chain's x̂₀, or (the control) the chain's
-#: starting noise itself, with no denoiser call
-DECODER_INPUTS = ("denoised", "noise")
 
 
 @dataclass(frozen=True)
@@ -48,10 +44,10 @@ class CoDAROptions(DiffusionOptions):
     negatives: int = 1024  # uniform tokens per step in the decoder's sampled softmax
     temperature: float = 1.0  # the decoder's; 0 is greedy: the fluency-diversity knob
     top_p: float = 1.0  # the decoder's nucleus
-    decoder_input: str = "denoised"  # "noise": the control, the decoder reads x₁ ~ N(0, I) (DECODER_INPUTS)
+    decoder_input: str = "denoised"  # "noise": the control (decoder_input.py)
 
 
-class CoDAR(DiffusionBaseline):
+class CoDAR(DecoderInputOption, DiffusionBaseline):
     """CoDAR: Gaussian diffusion over a sequence of token embeddings; an autoregressive decoder then
     turns the denoised sequence into tokens ("contextualised rounding").
 
@@ -98,9 +94,7 @@ class CoDAR(DiffusionBaseline):
         self.check_ranges(("steps", "negatives"))
         check_embed_dim(backbone, opts.embed_dim, self.name)
         check_sampling(opts.temperature, opts.top_p)
-        if opts.decoder_input not in DECODER_INPUTS:
-            raise DihalError(f"{self.name}: decoder_input must be one of {', '.join(DECODER_INPUTS)}, "
-                             f"got {opts.decoder_input!r}")
+        self.check_decoder_input()
         # the decoder's table is frozen, so the width does not depend on the vocabulary: sized now
         self.d_model = opts.d_model or width_for_allowance(self.name, budget, self.modules_of_width, opts.heads)
 
@@ -124,20 +118,9 @@ class CoDAR(DiffusionBaseline):
         with seeded_init(self.seed):
             return dict(self.modules_of_width(self.d_model).to(backbone.device))
 
-    def check_saved(self, saved: dict, directory: Path) -> None:
-        """As the contract's, but ``decoder_input`` shapes sampling only and the noise-input control
-        is this model trained the same way: a checkpoint of either row loads into either."""
-        options = saved.get("options")
-        if saved.get("name") in ("codar", "codar-noise-input") and isinstance(options, dict):
-            options = {k: v for k, v in options.items() if k != "decoder_input"}
-            options.update({k: v for k, v in self.options.items() if k == "decoder_input"})
-            saved = {**saved, "name": self.name, "options": options}
-        super().check_saved(saved, directory)
-
     def sampling_options(self) -> dict:
         opts = self.settings
-        return {**super().sampling_options(), "temperature": opts.temperature, "top_p": opts.top_p,
-                "decoder_input": opts.decoder_input}
+        return {**super().sampling_options(), "temperature": opts.temperature, "top_p": opts.top_p}
 
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
@@ -151,12 +134,12 @@ class CoDAR(DiffusionBaseline):
         return denoising + rounding
 
     def calls_per_batch(self, seq_len: int) -> int:
-        return 0 if self.settings.decoder_input == "noise" else self.steps
+        return 0 if self.reads_noise else self.steps
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         opts = self.settings
         shape = (n, seq_len, opts.embed_dim)
-        if opts.decoder_input == "noise":
+        if self.reads_noise:
             # the draw reverse_chain starts from: under one seed the control decodes the x₁ the denoised row denoises
             x0_hat = torch.randn(shape, generator=generator, device=generator.device)
         else:
@@ -171,20 +154,12 @@ class CoDARNoiseInputOptions(CoDAROptions):
     decoder_input: str = "noise"
 
 
-class CoDARNoiseInput(CoDAR):
-    """The control row of CoDAR's diffusion: CoDAR trained the same way (same seed, same weights),
-    sampled with ``decoder_input = "noise"``. A row of its own, because a suite lists baselines
-    by name."""
+class CoDARNoiseInput(NoiseInputControl, CoDAR):
+    """The control row of CoDAR's diffusion (dihal_builtin.baselines.decoder_input)."""
 
     name = "codar-noise-input"
     paper = "a control of CoDAR (arXiv 2603.02547): its decoder reading noise instead of the denoised sequence"
     options_class = CoDARNoiseInputOptions
-
-    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
-        super().__init__(backbone, budget, seed, **options)
-        if self.settings.decoder_input != "noise":
-            raise DihalError(f"{self.name} is the noise-input control; for decoder_input = "
-                             f"{self.settings.decoder_input!r} use codar")
 
 
 @hookimpl

@@ -30,13 +30,11 @@ from .common import (
     seeded_init,
     width_for_allowance,
 )
+from .decoder_input import DecoderInputOption, NoiseInputControl
 from .schedules import cosine_alpha_bar, noised, reverse_chain
 
 #: sequences per backbone forward pass while extracting features
 FEATURE_BATCH = 16
-#: what the decoder reads at sampling: the reverse chain's latents, or (the control) the chain's
-#: starting noise itself, with no denoiser call
-DECODER_INPUTS = ("denoised", "noise")
 
 
 class Compressor(nn.Module):
@@ -93,10 +91,10 @@ class LD4LGOptions(DiffusionOptions):
     negatives: int = 1024  # uniform tokens per step in the decoder's sampled softmax
     temperature: float = 1.0  # the decoder's; 0 is greedy
     top_p: float = 1.0  # the decoder's nucleus
-    decoder_input: str = "denoised"  # "noise": the control, the decoder reads x₁ ~ N(0, I) (DECODER_INPUTS)
+    decoder_input: str = "denoised"  # "noise": the control (decoder_input.py)
 
 
-class LD4LG(DiffusionBaseline):
+class LD4LG(DecoderInputOption, DiffusionBaseline):
     """LD4LG: an autoencoder from text to a short sequence of continuous latents, and a diffusion
     model over those latents.
 
@@ -152,9 +150,7 @@ class LD4LG(DiffusionBaseline):
         if opts.feature_layer is not None:
             backbone.check_layer(opts.feature_layer, allow_last=True)
         check_sampling(opts.temperature, opts.top_p)
-        if opts.decoder_input not in DECODER_INPUTS:
-            raise DihalError(f"{self.name}: decoder_input must be one of {', '.join(DECODER_INPUTS)}, "
-                             f"got {opts.decoder_input!r}")
+        self.check_decoder_input()
         # the decoder's table is frozen, so the width does not depend on the vocabulary: sized now
         self.d_model = opts.d_model or width_for_allowance(self.name, budget, self.modules_of_width, opts.heads)
 
@@ -178,20 +174,9 @@ class LD4LG(DiffusionBaseline):
         with seeded_init(self.seed):
             return dict(self.modules_of_width(self.d_model).to(self.backbone.device))
 
-    def check_saved(self, saved: dict, directory: Path) -> None:
-        """As the contract's, but ``decoder_input`` shapes sampling only and the noise-input control
-        is this model trained the same way: a checkpoint of either row loads into either."""
-        options = saved.get("options")
-        if saved.get("name") in ("ld4lg", "ld4lg-noise-input") and isinstance(options, dict):
-            options = {k: v for k, v in options.items() if k != "decoder_input"}
-            options.update({k: v for k, v in self.options.items() if k == "decoder_input"})
-            saved = {**saved, "name": self.name, "options": options}
-        super().check_saved(saved, directory)
-
     def sampling_options(self) -> dict:
         opts = self.settings
-        return {**super().sampling_options(), "temperature": opts.temperature, "top_p": opts.top_p,
-                "decoder_input": opts.decoder_input}
+        return {**super().sampling_options(), "temperature": opts.temperature, "top_p": opts.top_p}
 
     # -- training -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -286,7 +271,7 @@ class LD4LG(DiffusionBaseline):
 
     # -- sampling -----------------------------------------------------------------------------
     def calls_per_batch(self, seq_len: int) -> int:
-        return 0 if self.settings.decoder_input == "noise" else self.steps
+        return 0 if self.reads_noise else self.steps
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         """Token ids (n, seq_len): the latents x̂₀ at the end of one reverse chain from N(0, I),
@@ -294,7 +279,7 @@ class LD4LG(DiffusionBaseline):
         starting draw), decoded at ``temperature`` and ``top_p``."""
         opts = self.settings
         shape = (n, opts.latents, opts.latent_dim)
-        if opts.decoder_input == "noise":
+        if self.reads_noise:
             # the draw reverse_chain starts from: under one seed the control decodes the x₁ the denoised row denoises
             latents = torch.randn(shape, generator=generator, device=generator.device)
         else:
@@ -312,20 +297,12 @@ class LD4LGNoiseInputOptions(LD4LGOptions):
     decoder_input: str = "noise"
 
 
-class LD4LGNoiseInput(LD4LG):
-    """The control row of LD4LG's diffusion: LD4LG trained the same way (same seed, same weights),
-    sampled with ``decoder_input = "noise"``. A row of its own, because a suite lists baselines
-    by name."""
+class LD4LGNoiseInput(NoiseInputControl, LD4LG):
+    """The control row of LD4LG's diffusion (dihal_builtin.baselines.decoder_input)."""
 
     name = "ld4lg-noise-input"
     paper = "a control of LD4LG (Lovelace et al. 2023): its decoder reading noise instead of denoised latents"
     options_class = LD4LGNoiseInputOptions
-
-    def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
-        super().__init__(backbone, budget, seed, **options)
-        if self.settings.decoder_input != "noise":
-            raise DihalError(f"{self.name} is the noise-input control; for decoder_input = "
-                             f"{self.settings.decoder_input!r} use ld4lg")
 
 
 @hookimpl
