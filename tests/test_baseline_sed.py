@@ -11,7 +11,7 @@ import pytest
 import torch
 from dihal_builtin.baselines.common import CompactVocabulary, pca_embeddings
 from dihal_builtin.baselines.schedules import cosine_alpha_bar, reverse_step
-from dihal_builtin.baselines.sed import SED, register_baselines
+from dihal_builtin.baselines.sed import SED, SEDDetachedReadout, register_baselines
 from torch import Tensor
 
 from dihal_bench.errors import DihalError
@@ -101,6 +101,12 @@ def test_registers_under_its_name():
     register_baselines(lambda name, obj, **meta: registered.update({name: (obj, meta)}))
     assert registered["sed"][0] is SED
     assert "Strudel et al. 2022" in registered["sed"][1]["description"]
+    # the detached-readout variant is a row of its own, SED with one default changed
+    variant = registered["sed-detached-readout"][0]
+    assert variant is SEDDetachedReadout and issubclass(variant, SED) and variant.name == "sed-detached-readout"
+    changed = {field.name for field in dataclasses.fields(variant.options_class)
+               if getattr(variant.options_class(), field.name) != getattr(SED.options_class(), field.name)}
+    assert changed == {"detach_readout"}
 
 
 def test_fixed_embeddings_and_readout_initialised_to_their_transpose(llama_backbone, corpus):

@@ -245,18 +245,22 @@ def test_a_file_no_record_makes_any_more_is_named_stale(tmp_path):
     assert picture_citation(out / "leaderboard.png") == {"a.json": [0, 1]}
 
 
-def test_latex_states_n_once_and_marks_only_the_cells_over_fewer_seeds(tmp_path):
+@pytest.mark.parametrize("suffix", [".tex", ".md", ".html"])
+def test_each_table_file_states_n_once_and_marks_only_the_cells_over_fewer_seeds(tmp_path, suffix):
     results, out = tmp_path / "results", tmp_path / "out"
     results.mkdir()
     entries = [pooled_entry(seed) for seed in range(3)]
     entries[2]["methods"]["ar-backbone"]["metrics"]["entropy"] = None  # its entropy: 2 of the 3 seeds
     write_record(results, "a.json", entries)
-    build_leaderboards(results, out, ("latex",), warn=lambda message: None)
-    latex = (out / "diag-tiny-tiny" / "methods.tex").read_text()
-    assert latex.count("over n = 3 seeds") == 1
-    assert re.findall(r"\(n=\d+ seeds?\)", latex) == ["(n=2 seeds)"]
-    assert r"2.600 $\pm$ 0 (n=2 seeds)" in latex
-    assert "±" not in latex  # the note is LaTeX too
+    build_leaderboards(results, out, ("latex", "md", "html"), warn=lambda message: None)
+    text = (out / "diag-tiny-tiny" / f"methods{suffix}").read_text()
+    assert text.count("over n = 3 seeds") == 1
+    assert re.findall(r"\(n=\d+ seeds?\)", text) == ["(n=2 seeds)"]
+    if suffix == ".tex":
+        assert r"2.600 $\pm$ 0 (n=2 seeds)" in text
+        assert "±" not in text  # the note is LaTeX too
+    else:
+        assert "2.600 ± 0 (n=2 seeds)" in text
 
 
 def test_a_name_breaks_inside_a_word_only_when_the_word_is_long():

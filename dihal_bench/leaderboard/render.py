@@ -23,9 +23,6 @@ from dihal_bench.leaderboard.read import Group, one_line
 #: Output format -> file suffix.
 FORMAT_SUFFIXES = {"md": ".md", "csv": ".csv", "html": ".html", "latex": ".tex"}
 
-CELL_NOTE = "Each cell: mean ± sample standard deviation (ddof=1) over the n pooled seeds (each seed once, from its newest record)."
-
-
 # --- names as data --------------------------------------------------------------------------
 
 
@@ -194,15 +191,15 @@ def seeds_note(table: Table) -> str:
 
 
 def note(table: Table) -> str:
-    """The table's note, after what a cell means where it has numbers."""
-    return f"{CELL_NOTE} {table.note}" if pooled(table) else table.note
+    """The table's note, after what a cell means (and its n, said once) where it has numbers."""
+    return f"{seeds_note(table)} {table.note}" if pooled(table) else table.note
 
 
 def render_markdown(table: Table, group: Group) -> str:
     # names are escaped; number cells are this module's own text, whose brackets (an interval)
     # stay readable in the file
     names = [column.kind == "text" for column in table.columns]
-    frame = cells(table)
+    frame = cells(table, usual=table.seeds)
     body = pd.DataFrame([[markdown_text(value) if is_name else value for value, is_name in zip(row, names)]
                          for row in frame.itertuples(index=False, name=None)],
                         columns=[markdown_text(header) for header in frame.columns])
@@ -328,7 +325,7 @@ def render_html(table: Table, group: Group) -> str:
     source = provenance(group.sources, group.unverified)
     body = (f"<p>{html.escape(source)}</p>\n<h1>{html.escape(title)}</h1>\n"
             f"<p class=\"note\">{html.escape(note(table))}</p>\n"
-            f"{html_table(table, table.columns)}")
+            f"{html_table(table, table.columns, usual=table.seeds)}")
     return html_document(title, body, TABLE_STYLE)
 
 

@@ -155,6 +155,22 @@ class SED(DiffusionBaseline):
         return self.read_out(self.final_estimate(n, seq_len, generator, bar))
 
 
+@dataclass(frozen=True)
+class SEDDetachedReadoutOptions(SEDOptions):
+    detach_readout: bool = True
+
+
+class SEDDetachedReadout(SED):
+    """SED with the readout cross-entropy on a detached x̂₀: the squared error alone trains the
+    denoiser, so x̂₀ estimates E[x₀ | x_t], which the reverse chain assumes. A row of its own
+    beside ``sed`` rather than a changed default, since the paper's loss as this port reads it
+    sends the cross-entropy's gradient into the denoiser (docs/baseline-diagnosis.md)."""
+
+    name = "sed-detached-readout"
+    paper = "a variant of SED (Strudel et al. 2022): the readout cross-entropy trains R only"
+    options_class = SEDDetachedReadoutOptions
+
+
 @hookimpl
 def register_baselines(register):
     register(
@@ -162,3 +178,6 @@ def register_baselines(register):
         SED,
         description="SED: fixed PCA'd backbone embeddings, cosine schedule, self-conditioning (Strudel et al. 2022)",
     )
+    register("sed-detached-readout", SEDDetachedReadout,
+             description="variant: SED with the readout cross-entropy on a detached x̂₀ (the denoiser trained by its "
+                         "x₀ squared error alone)")
