@@ -1,8 +1,10 @@
 """How well a run's estimate holds: each stage's estimated seconds against the seconds the run
-then took, for one suite (default: smoke) run in a fresh temporary job store.
+then took, for one suite (default: smoke) run in a fresh temporary job store; or, with
+``--record PATH``, for a run already made: the estimate of the record's own configuration
+(assumed rates, and calibrated ones with ``--calibrate``) against the stage times it recorded.
 
 The estimate is the one ``dihal-bench run`` prints before its work starts, from rates measured
-on this machine by ``dihal_bench.study.estimate.calibrate`` (a few seconds), and the assumed
+on this machine by ``dihal_bench.study.calibration.calibrate`` (a few seconds), and the assumed
 FLOP/s (``--dry-run`` without ``--calibrate``) beside it. The measured seconds are the run
 record's ``timings``: each stage's units' compute time, summed over seeds. A ratio of 1.00 is a
 perfect estimate; the issue's bar is within 25% (0.80-1.25) per stage. Models are loaded before
@@ -19,13 +21,10 @@ from pathlib import Path
 import common
 from tabulate import tabulate
 
-from dihal_bench.config.suite import apply_overrides, resolve_suite, resolved_config
-from dihal_bench.study.estimate import (
-    assumed_throughput,
-    backbone_parameters,
-    calibrate,
-    unit_seconds,
-)
+from dihal_bench.config.suite import apply_overrides, record_config, resolve_suite, resolved_config
+from dihal_bench.registry.resolve import describe_backbone, load_backbone
+from dihal_bench.study.calibration import calibrate
+from dihal_bench.study.estimate import assumed_throughput, backbone_parameters, unit_seconds
 from dihal_bench.study.plan import seed_units
 from dihal_bench.study.run import Run
 from dihal_bench.study.runner import run_suite
@@ -41,12 +40,64 @@ def stage_estimates(config, num_layers: int, throughput) -> dict[str, float]:
     return {stage: seconds * len(config.seeds) for stage, seconds in totals.items()}
 
 
+def table(estimates: dict[str, dict[str, float]], took: dict[str, float]) -> tuple[list, dict]:
+    """Rows (stage, each estimate, measured, each ratio) and the JSON report of the same."""
+    kinds = list(estimates)
+    first = estimates[kinds[0]]
+    rows, report = [], {}
+    for stage in [s for s in STAGES if s in first]:
+        measured = took.get(stage)
+        ratios = {kind: (estimates[kind][stage] / measured if measured else None) for kind in kinds}
+        rows.append([stage, *(f"{estimates[kind][stage]:.0f}" for kind in kinds), f"{measured or 0.0:.0f}",
+                     *("-" if ratios[kind] is None else f"{ratios[kind]:.2f}" for kind in kinds)])
+        report[stage] = {"measured_s": measured, **{f"{kind}_s": estimates[kind][stage] for kind in kinds},
+                         **{f"{kind}_ratio": ratios[kind] for kind in kinds}}
+    measured_total = sum(took[s] for s in first if s in took)
+    totals = {kind: sum(estimates[kind].values()) for kind in kinds}
+    rows.append(["all stages", *(f"{totals[kind]:.0f}" for kind in kinds), f"{measured_total:.0f}",
+                 *(f"{totals[kind] / measured_total:.2f}" for kind in kinds)])
+    report["all stages"] = {"measured_s": measured_total, **{f"{kind}_s": totals[kind] for kind in kinds}}
+    headers = ["stage", *(f"estimated s ({kind})" for kind in kinds), "measured s",
+               *(f"{kind}/measured" for kind in kinds)]
+    return [headers, *rows], report
+
+
+def from_record(path: Path, calibrated: bool, seed: int) -> tuple[dict, dict]:
+    """The estimate of a committed record's configuration against the stage times it recorded."""
+    record = json.loads(path.read_text())
+    config = record_config(record["config"], str(path))
+    params = backbone_parameters(config.backbone)
+    shape = describe_backbone(config.backbone)
+    layers = None if shape is None else shape.num_layers
+    estimates = {"assumed": stage_estimates(config, layers, assumed_throughput(config, params))}
+    if calibrated:
+        backbone = load_backbone(config.backbone, device=config.device, dtype=config.dtype)
+        evaluator = backbone if config.evaluator == config.backbone else load_backbone(
+            config.evaluator, device=config.device, dtype=config.dtype)
+        rates = calibrate(config, backbone, evaluator, seed=seed)
+        estimates["calibrated"] = stage_estimates(config, layers, rates)
+        print(f"calibrated rates: {rates.describe(params)}")
+    rows, report = table(estimates, record["timings"])
+    environment = record.get("environment", {})
+    print(f"record {path.name}: suite {record['suite']}, seeds {record['seeds']}, made on "
+          f"{environment.get('cpu_count')} CPUs, {config.device} ({config.dtype})")
+    print(tabulate(rows[1:], headers=rows[0]))
+    return report, {"record": path.name, "suite": record["suite"], "seeds": record["seeds"]}
+
+
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--suite", default="smoke")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a suite override, as `dihal-bench run --set`")
+    parser.add_argument("--record", type=Path, help="compare with this run record's stage times; run nothing")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="with --record: also the estimate from rates measured on this machine now")
     args = parser.parse_args()
+    if args.record is not None:
+        report, settings = from_record(args.record, args.calibrate, args.seed)
+        common.report("eta", {"stages": report}, settings, args.json)
+        return
     name, config = resolve_suite(args.suite)
     sets = dict(item.split("=", 1) for item in args.sets)
     if args.quick:

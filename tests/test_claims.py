@@ -16,8 +16,10 @@ from dihal_bench.leaderboard.claims import (
     END_MARKER,
     NOT_REPRODUCED,
     NOT_SHOWN,
+    NO,
     NOT_TESTED,
     REPRODUCED,
+    YES,
     START_MARKER,
     claims_markdown,
     embed,
@@ -60,14 +62,15 @@ def group_of(entries: list[dict]) -> Group:
 
 
 def methods_for(seed: int, *, chosen: float, oracle: float, regressor: float, baseline: float,
-                with_nll: bool = True) -> dict:
+                with_nll: bool = True, others: dict[str, float] | None = None) -> dict:
+    """The methods of one seed at the given log Gen.PPLs; ``others``: more baseline rows."""
     rng = np.random.default_rng(seed)
     shared = rng.normal(scale=0.3, size=128)
     sides = {}
     for name, log_ppl in (("dihal-chosen", chosen), ("dihal-oracle", oracle), ("control-regressor", regressor),
-                          ("sed", baseline)):
+                          ("sed", baseline), *(others or {}).items()):
         nll, tokens = samples(log_ppl, shared + rng.normal(scale=0.05, size=128))
-        kind = "baseline" if name == "sed" else "dihal" if name.startswith("dihal") else "control"
+        kind = "dihal" if name.startswith("dihal") else "control" if name.startswith("control") else "baseline"
         sides[name] = method(kind, nll, tokens, latency=0.9 if name == "dihal-chosen" else None)
         if not with_nll:
             for key in ("gen_ppl_nll_per_sample", "gen_ppl_tokens_per_sample"):
@@ -104,6 +107,25 @@ def test_verdicts_turn_when_the_gap_reverses_or_vanishes():
     assert rows["under"].verdict == NOT_REPRODUCED  # the baseline is better by 40%
     assert rows["geometry-chosen"].verdict == NOT_REPRODUCED  # 35% worse than the oracle layer
     assert rows["diffusion"].verdict == NOT_SHOWN  # no gap: the interval holds 0
+
+
+def test_the_baselines_claim_reads_the_papers_baselines_and_each_rival_is_its_own_question():
+    errors = [0.1 * layer for layer in LAYERS]
+    # a variant of SED far better than DiHAL is not one of the paper's baselines; the LoRA
+    # fine-tune beats DiHAL, masked diffusion from scratch does not, and no record has ar2diff-lora
+    others = {"sed-detached-readout": 4.0, "ar-lora": 4.5, "mdlm": 7.5}
+    entries = [entry(seed, [-e for e in errors], errors,
+                     methods_for(seed, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0, others=others))
+               for seed in (0, 1)]
+    rows = evaluate([group_of(entries)])
+    baselines = next(row for row in rows if row.claim.startswith("under"))
+    assert baselines.verdict == REPRODUCED and "sed-detached-readout" not in baselines.measurement
+    questions = {row.claim: row for row in rows if row.claim.startswith("(this benchmark's question)")}
+    by_rival = {rival: next(row for claim, row in questions.items() if description in claim)
+                for rival, description in (("ar-lora", "fine-tuned"), ("mdlm", "MDLM"), ("ar2diff-lora", "adapted"))}
+    assert by_rival["ar-lora"].verdict == NO and "ratio" in by_rival["ar-lora"].interval
+    assert by_rival["mdlm"].verdict == YES
+    assert by_rival["ar2diff-lora"].verdict == NOT_TESTED and "no committed record" in by_rival["ar2diff-lora"].measurement
 
 
 def test_records_without_per_sample_nlls_are_not_tested_rather_than_given_a_number():
