@@ -55,6 +55,9 @@ def test_plugins_table_lists_the_builtins():
     rows = {tuple(line.split()[:2]): line for line in result.stdout.splitlines()[2:]}
     assert BUILTINS <= set(rows)
     assert f"dihal-bench {__version__}" in rows["backbone", "smollm2-135m"]
+    # a built-in proxy says what it measures and which way is better, not only the direction
+    assert "stable rank" in rows["proxy", "effective_rank"] and rows["proxy", "effective_rank"].endswith(
+        "lower is better")
 
 
 def test_plugins_json_parses_and_holds_the_builtins():

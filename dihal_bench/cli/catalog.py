@@ -20,12 +20,11 @@ from dihal_bench.cli.app import (
 
 
 def _describe(registration) -> str:
+    """The registration's description, with its direction where it has one (a proxy, a metric)."""
     meta = registration.meta
-    if "description" in meta:
-        return meta["description"]
-    if meta.get("higher_is_better") is not None:
-        return "higher is better" if meta["higher_is_better"] else "lower is better"
-    return ""
+    direction = {True: "higher is better", False: "lower is better"}.get(meta.get("higher_is_better"))
+    described = meta.get("description", "")
+    return "; ".join(part for part in (described, direction) if part)
 
 
 @cli.command()

@@ -237,12 +237,19 @@ def depth(hidden: torch.Tensor, *, layer: int | None = None) -> float:
 
 @hookimpl
 def register_proxies(register):
-    register("local_curvature", local_curvature, higher_is_better=True)
-    register("global_monotonicity", global_monotonicity, higher_is_better=True)
-    register("effective_rank", effective_rank, higher_is_better=False)
-    register("participation_ratio", participation_ratio, higher_is_better=False)
-    register("anisotropy", anisotropy, higher_is_better=False)
-    register("twonn_dimension", twonn_dimension, higher_is_better=False)
-    register("mle_dimension", mle_dimension, higher_is_better=False)
+    register("local_curvature", local_curvature, higher_is_better=True,
+             description="DiHAL's local compactness: median 1/λ_max of k-nearest-neighbour covariances")
+    register("global_monotonicity", global_monotonicity, higher_is_better=True,
+             description="DiHAL's global monotonicity: median Rayleigh quotient of the inverse covariance over pairs")
+    register("effective_rank", effective_rank, higher_is_better=False,
+             description="DiHAL's effective rank: tr Σ / λ_max(Σ), the stable rank of the centred states")
+    register("participation_ratio", participation_ratio, higher_is_better=False,
+             description="participation ratio (tr Σ)² / tr Σ², a whole-spectrum linear dimension (Gao et al. 2017)")
+    register("anisotropy", anisotropy, higher_is_better=False,
+             description="mean pairwise cosine similarity of the states as given (Ethayarajh 2019)")
+    register("twonn_dimension", twonn_dimension, higher_is_better=False,
+             description="TwoNN intrinsic dimension from nearest-neighbour distance ratios (Facco et al. 2017)")
+    register("mle_dimension", mle_dimension, higher_is_better=False,
+             description="maximum-likelihood intrinsic dimension over k neighbours (Levina & Bickel 2004)")
     register("depth", depth, higher_is_better=False,
              description="the layer index: the shallower-is-better reference, outside the score unless selected")
