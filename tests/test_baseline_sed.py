@@ -264,3 +264,33 @@ def test_sampling_needs_training_or_a_checkpoint(llama_backbone, tmp_path):
         model.sample(2, 8, seed=0)
     with pytest.raises(DihalError, match="no trained checkpoint"):
         model.load(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("method", ["sed", "diffusion-lm"])
+def test_rotary_positions_replace_the_position_table_and_change_nothing_else(method, llama_backbone, corpus):
+    """``positions = "rotary"`` (issue 20's diagnosis of MDLM, tried on the continuous denoisers):
+    no position table, the same blocks' parameters, so the count falls by exactly max_len × d_model;
+    the default is the learned table, drawn exactly as an explicit ``positions = "learned"``."""
+    from dihal_builtin.baselines.diffusion_lm import DiffusionLM
+
+    cls = {"sed": SED, "diffusion-lm": DiffusionLM}[method]
+    vocabulary = CompactVocabulary.from_sequences(corpus, llama_backbone.vocab_size)
+    built = {}
+    for positions in ("learned", "rotary"):
+        model = cls(llama_backbone, overfit_budget(), seed=0, **TINY, positions=positions)
+        model.build(vocabulary)
+        built[positions] = model.parts["denoiser"]
+    learned, rotary = built["learned"], built["rotary"]
+    assert not hasattr(rotary, "position") and learned.position.weight.shape == (8, TINY["d_model"])
+    assert (sum(p.numel() for p in learned.parameters()) - sum(p.numel() for p in rotary.parameters())
+            == 8 * TINY["d_model"])
+    default = cls(llama_backbone, overfit_budget(), seed=0, **TINY)
+    default.build(vocabulary)
+    for (name, weight), (_, same) in zip(learned.state_dict().items(), default.parts["denoiser"].state_dict().items()):
+        assert torch.equal(weight, same), name
+    x = torch.randn(3, 8, learned.in_proj.in_features)
+    assert rotary(x, torch.rand(3)).shape == (3, 8, TINY["embed_dim"])
+    with pytest.raises(DihalError, match="positions must be one of rotary, learned"):
+        cls(llama_backbone, overfit_budget(), **TINY, positions="alibi")
+    with pytest.raises(DihalError, match="multiple of 4 .heads 2, an even width each"):
+        cls(llama_backbone, overfit_budget(), **{**TINY, "d_model": 34}, positions="rotary")

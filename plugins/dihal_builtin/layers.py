@@ -51,6 +51,42 @@ class Block(nn.Module):
         return h + self.mlp(self.mlp_norm(h))
 
 
+#: the rotary embedding's base: pair j of a head turns by position · ROTARY_BASE^(−2j/head_dim) (Su et al. 2021)
+ROTARY_BASE = 10_000.0
+#: how a denoiser knows where a token is: rotating queries and keys, or learned absolute vectors added to its input
+POSITIONS = ("rotary", "learned")
+
+
+def rotation(length: int, head_dim: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """cos and sin (length, head_dim) of the rotary embedding: position p turns the pair of
+    coordinates (j, j + head_dim/2) by the angle p · ROTARY_BASE^(−2j/head_dim)."""
+    frequencies = ROTARY_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * frequencies[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (..., length, head_dim) with each position's coordinate pairs turned by its angles: the
+    dot product of a rotated query and key then depends on their positions only through the offset."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+class RotaryBlock(Block):
+    """A bidirectional pre-LN ``Block`` (the same parameters) whose attention rotates queries and
+    keys by position (Su et al. 2021, arXiv 2104.09864)."""
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        n, length, d_model = h.shape
+        heads = [x.reshape(n, length, self.heads, d_model // self.heads).transpose(1, 2)
+                 for x in self.qkv(self.attn_norm(h)).split(d_model, dim=-1)]
+        q, k, v = rotate(heads[0], cos, sin), rotate(heads[1], cos, sin), heads[2]
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        h = h + self.resid_dropout(self.attn_out(attended.transpose(1, 2).reshape(n, length, d_model)))
+        return h + self.mlp(self.mlp_norm(h))
+
+
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
     """Sinusoidal embedding of t ∈ [0, 1] scaled to [0, 1000], as in DDPM (Ho et al. 2020)."""
     half = dim // 2

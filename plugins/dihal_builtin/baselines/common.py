@@ -39,7 +39,7 @@ from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult
 
-from ..layers import Block, timestep_embedding
+from ..layers import POSITIONS, Block, RotaryBlock, rotation, timestep_embedding
 
 #: the sized width when the budget sets no parameter allowance
 DEFAULT_D_MODEL = 128
@@ -336,25 +336,49 @@ class Denoiser(nn.Module):
 
     The improved-diffusion transformer Diffusion-LM used, shrunk: a projection d_in -> d_model,
     a sinusoidal time embedding through an MLP added at every position, learned absolute
-    positions, bidirectional pre-LN blocks, a final LayerNorm and a projection d_model -> d_out.
+    positions (``positions = "learned"``; ``"rotary"`` rotates queries and keys instead, as
+    MDLM's denoiser does), bidirectional pre-LN blocks, a final LayerNorm and a projection
+    d_model -> d_out.
     """
 
-    def __init__(self, d_in: int, d_out: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float):
+    def __init__(self, d_in: int, d_out: int, d_model: int, layers: int, heads: int, max_len: int, dropout: float,
+                 positions: str = "learned"):
         super().__init__()
+        self.heads, self.rotary = heads, positions == "rotary"
         self.in_proj = nn.Linear(d_in, d_model)
         self.time_mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
-        self.position = nn.Embedding(max_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
+        if self.rotary:
+            self.blocks = nn.ModuleList(RotaryBlock(d_model, heads, dropout, causal=False) for _ in range(layers))
+        else:
+            self.position = nn.Embedding(max_len, d_model)
+            self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
         self.final_norm = nn.LayerNorm(d_model)
         self.out_proj = nn.Linear(d_model, d_out)
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         d_model = self.in_proj.out_features
         h = self.in_proj(x) + self.time_mlp(timestep_embedding(t, d_model))[:, None, :]
-        h = h + self.position(torch.arange(x.shape[1], device=x.device))
-        for block in self.blocks:
-            h = block(h)
+        if self.rotary:
+            cos, sin = rotation(x.shape[1], d_model // self.heads, x.device)
+            for block in self.blocks:
+                h = block(h, cos, sin)
+        else:
+            h = h + self.position(torch.arange(x.shape[1], device=x.device))
+            for block in self.blocks:
+                h = block(h)
         return self.out_proj(self.final_norm(h))
+
+
+def check_positions(method: str, positions: str, heads: int, d_model: int | None) -> None:
+    """A DihalError unless ``positions`` is one of POSITIONS and an explicit ``d_model`` splits
+    into ``heads`` heads (of an even width each for rotary positions, which turn coordinate pairs)."""
+    if positions not in POSITIONS:
+        raise DihalError(f"{method}: positions must be one of {', '.join(POSITIONS)}, got {positions!r}")
+    multiple = 2 * heads if positions == "rotary" else heads
+    if d_model is not None and (d_model < 1 or d_model % multiple):
+        raise DihalError(f"{method}: d_model must be a positive multiple of {multiple} (heads {heads}"
+                         f"{', an even width each, for rotary positions' if multiple > heads else ''}), "
+                         f"got {d_model}")
 
 
 def denoiser_width(method: str, budget: Budget, fixed: int, fixed_what: str, build: Callable[[int], nn.Module],

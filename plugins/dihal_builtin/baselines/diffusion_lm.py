@@ -20,6 +20,7 @@ from .common import (
     DiffusionBaseline,
     DiffusionOptions,
     best_scoring_rows,
+    check_positions,
     denoiser_width,
     rounding_cross_entropy,
     seeded_init,
@@ -37,6 +38,7 @@ class DiffusionLMOptions(DiffusionOptions):
     heads: int = 4
     dropout: float = 0.0
     clamp: bool = True  # the clamping trick
+    positions: str = "learned"  # learned absolute, as in Diffusion-LM's reference transformer; "rotary": as MDLM's denoiser
     clamp_final: bool = True  # with clamp, tokens are read from the clamped last x̂₀, as the reference code does
     rounding_tokens: int = 64  # positions per step scored by the rounding cross-entropy
     anchor_share: float = 1 / 16  # probability that a training sequence draws t = 0, the anchor term
@@ -83,6 +85,7 @@ class DiffusionLM(DiffusionBaseline):
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
         self.check_ranges(("steps", "rounding_tokens"), probabilities=("anchor_share",))
+        check_positions(self.name, self.settings.positions, self.settings.heads, self.settings.d_model)
         self.sigma_0 = math.sqrt(1.0 - float(sqrt_alpha_bar(torch.tensor(0.0))))
 
     def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
@@ -92,7 +95,7 @@ class DiffusionLM(DiffusionBaseline):
             if d_model % opts.heads:
                 raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
             return Denoiser(opts.embed_dim, opts.embed_dim, d_model, opts.layers, opts.heads, self.max_len,
-                            opts.dropout)
+                            opts.dropout, opts.positions)
 
         table = f"the {len(vocabulary):,}×{opts.embed_dim} embedding table"
         d_model = opts.d_model or denoiser_width(self.name, self.budget, len(vocabulary) * opts.embed_dim, table,

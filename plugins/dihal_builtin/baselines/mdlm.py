@@ -19,11 +19,12 @@ from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 
-from ..layers import Block
+from ..layers import Block, RotaryBlock, rotation
 from .common import (
     CompactVocabulary,
     DiffusionBaseline,
     DiffusionOptions,
+    check_positions,
     seeded_init,
     width_for_allowance,
 )
@@ -34,10 +35,6 @@ TRAIN_T_MIN = 1e-3
 SAMPLE_T_MIN = 1e-5
 #: std of the token and position embeddings at initialisation (GPT-2's); the output layer is tied to them
 EMBEDDING_STD = 0.02
-#: the rotary embedding's base: pair j of a head turns by position · ROTARY_BASE^(−2j/head_dim) (Su et al. 2021)
-ROTARY_BASE = 10_000.0
-#: how the denoiser knows where a token is: rotating queries and keys (the paper's DiT) or learned absolute vectors
-POSITIONS = ("rotary", "learned")
 
 #: x_t (n, L) compact ids, the mask id among them -> log p_θ(x₀ | x_t) (n, L, V), SUBS applied
 LogProbs = Callable[[Tensor], Tensor]
@@ -51,39 +48,9 @@ class MDLMOptions(DiffusionOptions):
     layers: int = 4
     heads: int = 4
     dropout: float = 0.0
-    positions: str = "rotary"  # one of POSITIONS; "learned" is the port before issue 20's diagnosis
+    positions: str = "rotary"  # one of layers.POSITIONS; "learned" is the port before issue 20's diagnosis
     temperature: float = 1.0  # applied to p_θ(x₀ | x_t) where a position is unmasked; 0 is greedy
     top_p: float = 1.0  # nucleus of p_θ(x₀ | x_t)
-
-
-def rotation(length: int, head_dim: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """cos and sin (length, head_dim) of the rotary embedding: position p turns the pair of
-    coordinates (j, j + head_dim/2) by the angle p · ROTARY_BASE^(−2j/head_dim)."""
-    frequencies = ROTARY_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * frequencies[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (..., length, head_dim) with each position's coordinate pairs turned by its angles: the
-    dot product of a rotated query and key then depends on their positions only through the offset."""
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-class RotaryBlock(Block):
-    """A bidirectional pre-LN ``Block`` (the same parameters) whose attention rotates queries and
-    keys by position (Su et al. 2021, arXiv 2104.09864), as the paper's DiT does."""
-
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        n, length, d_model = h.shape
-        heads = [x.reshape(n, length, self.heads, d_model // self.heads).transpose(1, 2)
-                 for x in self.qkv(self.attn_norm(h)).split(d_model, dim=-1)]
-        q, k, v = rotate(heads[0], cos, sin), rotate(heads[1], cos, sin), heads[2]
-        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
-        h = h + self.resid_dropout(self.attn_out(attended.transpose(1, 2).reshape(n, length, d_model)))
-        return h + self.mlp(self.mlp_norm(h))
 
 
 class MaskedDenoiser(nn.Module):
@@ -281,14 +248,7 @@ class MDLM(DiffusionBaseline):
         if opts.eta != 1.0:
             raise DihalError(f"{self.name}: eta has no meaning for masked diffusion (its sampler is ancestral); "
                              f"leave it at 1")
-        if opts.positions not in POSITIONS:
-            raise DihalError(f"{self.name}: positions must be one of {', '.join(POSITIONS)}, got {opts.positions!r}")
-        # rotary turns coordinate pairs, so each head needs an even width
-        multiple = 2 * opts.heads if opts.positions == "rotary" else opts.heads
-        if opts.d_model is not None and (opts.d_model < 1 or opts.d_model % multiple):
-            raise DihalError(f"{self.name}: d_model must be a positive multiple of {multiple} (heads {opts.heads}"
-                             f"{', an even width each, for rotary positions' if multiple > opts.heads else ''}), "
-                             f"got {opts.d_model}")
+        check_positions(self.name, opts.positions, opts.heads, opts.d_model)
         check_sampling(opts.temperature, opts.top_p)
 
     def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:

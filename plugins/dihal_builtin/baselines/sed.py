@@ -20,6 +20,7 @@ from .common import (
     DiffusionBaseline,
     DiffusionOptions,
     best_scoring_rows,
+    check_positions,
     check_embed_dim,
     denoiser_width,
     pca_embeddings,
@@ -40,6 +41,7 @@ class SEDOptions(DiffusionOptions):
     dropout: float = 0.0
     self_condition: float = 0.5  # probability of the self-conditioned pass in training; 0 turns it off
     rounding_tokens: int = 64  # positions per step scored by the readout cross-entropy
+    positions: str = "learned"  # learned absolute, as in Diffusion-LM's reference transformer; "rotary": as MDLM's denoiser
     detach_readout: bool = False  # the readout cross-entropy reads x̂₀ under stop-gradient (trains R only)
     clamp: bool = False  # Diffusion-LM's clamping trick at sampling: each step moves towards the nearest row of E
 
@@ -81,6 +83,7 @@ class SED(DiffusionBaseline):
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)
         self.check_ranges(("steps", "rounding_tokens"), probabilities=("self_condition",))
+        check_positions(self.name, self.settings.positions, self.settings.heads, self.settings.d_model)
         check_embed_dim(backbone, self.settings.embed_dim, self.name)
 
     def build_modules(self, vocabulary: CompactVocabulary) -> dict[str, nn.Module]:
@@ -91,7 +94,7 @@ class SED(DiffusionBaseline):
                 raise DihalError(f"{self.name}: d_model {d_model} is not divisible by heads {opts.heads}")
             # reads concat[x_t, previous x̂₀]
             return Denoiser(2 * opts.embed_dim, opts.embed_dim, d_model, opts.layers, opts.heads, self.max_len,
-                            opts.dropout)
+                            opts.dropout, opts.positions)
 
         readout_size = f"the {opts.embed_dim}×{len(vocabulary):,} readout"
         d_model = opts.d_model or denoiser_width(self.name, self.budget, len(vocabulary) * opts.embed_dim,
