@@ -511,7 +511,7 @@ def test_installed_plugin_is_listed_with_its_distribution(myplug_site):
     mine = [row for row in listing["plugins"] if row["name"] == "myplug-spread"]
     assert mine == [{
         "kind": "proxy", "name": "myplug-spread", "plugin": "myplug", "distribution": "dihal-test-myplug",
-        "version": "1.2.3", "description": "std of the entries",
+        "version": "1.2.3", "description": "std of the entries; lower is better",
     }]
     assert {"smollm2-135m", "stdlib-docs"} <= {row["name"] for row in listing["plugins"]}
 
