@@ -24,7 +24,10 @@ def stage_rows(text: str) -> dict[str, list[str]]:
 
 def test_the_schedule_adds_the_longest_job_of_each_stage_and_spreads_the_rest(monkeypatch):
     # the counts below are pinned here, not read from the diagnostic suite, which may change
-    config = apply_overrides(resolve_suite("diagnostic")[1], {"sweep.count": "12", "seeds": "[0, 1]"})
+    nine = '["diffusion-lm", "sed", "ld4lg", "ld4lg-noise-input", "codar", "codar-noise-input", "mdlm", "ar-scratch", ' \
+           '"ar-backbone"]'
+    config = apply_overrides(resolve_suite("diagnostic")[1],
+                             {"sweep.count": "12", "seeds": "[0, 1]", "methods.baselines": nine})
     # every unit costs one hour, except the sweep's, which cost two: easy arithmetic
     monkeypatch.setattr(estimate, "unit_seconds", lambda unit, config, params, throughput=None: 7200.0 if unit.stage == "sweep" else 3600.0)
     units = plan.seed_units(config)
