@@ -87,6 +87,26 @@ class RotaryBlock(Block):
         return h + self.mlp(self.mlp_norm(h))
 
 
+def bidirectional_blocks(d_model: int, heads: int, dropout: float, layers: int, rotary: bool) -> nn.ModuleList:
+    """``layers`` bidirectional pre-LN blocks, rotating queries and keys by position where ``rotary``
+    (a denoiser without rotary positions adds its own position vectors to its input)."""
+    kind = RotaryBlock if rotary else Block
+    return nn.ModuleList(kind(d_model, heads, dropout, causal=False) for _ in range(layers))
+
+
+def through_blocks(blocks: nn.ModuleList, h: Tensor, heads: int, rotary: bool) -> Tensor:
+    """h (n, T, d) through ``blocks`` of :func:`bidirectional_blocks`, rotary ones given each
+    position's angles."""
+    if not rotary:
+        for block in blocks:
+            h = block(h)
+        return h
+    cos, sin = rotation(h.shape[1], h.shape[-1] // heads, h.device)
+    for block in blocks:
+        h = block(h, cos, sin)
+    return h
+
+
 def timestep_embedding(t: Tensor, dim: int, max_period: float = 10_000.0) -> Tensor:
     """Sinusoidal embedding of t ∈ [0, 1] scaled to [0, 1000], as in DDPM (Ho et al. 2020)."""
     half = dim // 2

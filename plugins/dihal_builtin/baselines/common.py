@@ -39,7 +39,13 @@ from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult
 
-from ..layers import POSITIONS, Block, RotaryBlock, rotation, timestep_embedding
+from ..layers import (
+    POSITIONS,
+    Block,
+    bidirectional_blocks,
+    through_blocks,
+    timestep_embedding,
+)
 
 #: the sized width when the budget sets no parameter allowance
 DEFAULT_D_MODEL = 128
@@ -347,25 +353,18 @@ class Denoiser(nn.Module):
         self.heads, self.rotary = heads, positions == "rotary"
         self.in_proj = nn.Linear(d_in, d_model)
         self.time_mlp = nn.Sequential(nn.Linear(d_model, d_model), nn.SiLU(), nn.Linear(d_model, d_model))
-        if self.rotary:
-            self.blocks = nn.ModuleList(RotaryBlock(d_model, heads, dropout, causal=False) for _ in range(layers))
-        else:
+        if not self.rotary:
             self.position = nn.Embedding(max_len, d_model)
-            self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
+        self.blocks = bidirectional_blocks(d_model, heads, dropout, layers, self.rotary)
         self.final_norm = nn.LayerNorm(d_model)
         self.out_proj = nn.Linear(d_model, d_out)
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         d_model = self.in_proj.out_features
         h = self.in_proj(x) + self.time_mlp(timestep_embedding(t, d_model))[:, None, :]
-        if self.rotary:
-            cos, sin = rotation(x.shape[1], d_model // self.heads, x.device)
-            for block in self.blocks:
-                h = block(h, cos, sin)
-        else:
+        if not self.rotary:
             h = h + self.position(torch.arange(x.shape[1], device=x.device))
-            for block in self.blocks:
-                h = block(h)
+        h = through_blocks(self.blocks, h, self.heads, self.rotary)
         return self.out_proj(self.final_norm(h))
 
 

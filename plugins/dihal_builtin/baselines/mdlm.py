@@ -19,7 +19,7 @@ from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 
-from ..layers import Block, RotaryBlock, rotation
+from ..layers import bidirectional_blocks, through_blocks
 from .common import (
     CompactVocabulary,
     DiffusionBaseline,
@@ -75,24 +75,17 @@ class MaskedDenoiser(nn.Module):
         self.vocab_size, self.heads, self.rotary = vocab_size, heads, positions == "rotary"
         self.token = nn.Embedding(vocab_size + 1, d_model)
         nn.init.normal_(self.token.weight, std=EMBEDDING_STD)
-        if self.rotary:
-            self.blocks = nn.ModuleList(RotaryBlock(d_model, heads, dropout, causal=False) for _ in range(layers))
-        else:
+        if not self.rotary:
             self.position = nn.Embedding(max_len, d_model)
             nn.init.normal_(self.position.weight, std=EMBEDDING_STD)
-            self.blocks = nn.ModuleList(Block(d_model, heads, dropout, causal=False) for _ in range(layers))
+        self.blocks = bidirectional_blocks(d_model, heads, dropout, layers, self.rotary)
         self.final_norm = nn.LayerNorm(d_model)
 
     def forward(self, x_t: Tensor) -> Tensor:
         h = self.token(x_t)
-        if self.rotary:
-            cos, sin = rotation(x_t.shape[1], h.shape[-1] // self.heads, x_t.device)
-            for block in self.blocks:
-                h = block(h, cos, sin)
-        else:
+        if not self.rotary:
             h = h + self.position(torch.arange(x_t.shape[1], device=x_t.device))
-            for block in self.blocks:
-                h = block(h)
+        h = through_blocks(self.blocks, h, self.heads, self.rotary)
         return F.linear(self.final_norm(h), self.token.weight[: self.vocab_size])
 
 
