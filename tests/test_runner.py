@@ -20,7 +20,7 @@ from dihal_builtin.bridge import DihalBridge
 
 from dihal_bench.config.suite import apply_overrides, load_suite_file, resolve_suite
 from dihal_bench.errors import DihalError
-from dihal_bench.study.jobs import JobStore, spec_hash
+from dihal_bench.study.jobs import JobStore, spec_hash, timed
 from dihal_bench.study.records import DAMAGED, VERIFIED, load_record, record_integrity
 
 # --- suites and overrides ---------------------------------------------------------------------
@@ -83,6 +83,20 @@ def test_job_store_runs_once_and_reuses_the_result(tmp_path):
     store.run("kind", {"a": 2}, work)
     assert len(calls) == 2
     assert spec_hash("kind", {"a": 1, "b": 2}) == spec_hash("kind", {"b": 2, "a": 1})
+
+
+def test_a_reused_job_counts_the_seconds_it_took_when_it_was_done(tmp_path):
+    store = JobStore(tmp_path)
+
+    def slow(folder):
+        time.sleep(0.2)
+        return {"value": 1}
+
+    _, done = timed(store.run, "kind", {"a": 1}, slow)
+    stored = json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())["seconds"]
+    _, reused = timed(store.run, "kind", {"a": 1}, slow)
+    assert done >= stored >= 0.2
+    assert reused >= stored  # a resumed run's stage times include the work it found done
 
 
 def test_job_store_redoes_a_job_whose_result_is_unreadable(tmp_path):

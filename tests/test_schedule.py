@@ -138,9 +138,12 @@ def test_the_plan_counts_what_each_baseline_trains():
 def test_the_assumed_rates_are_the_flops_over_the_assumed_throughput():
     _, config = resolve_suite("diagnostic")
     params = estimate.backbone_parameters(config.backbone)
+    scorer = estimate.backbone_parameters(config.evaluator)  # Gemma-3-270M: twice the backbone
+    assert scorer > 1.9 * params
     for unit in plan.seed_units(config):
-        _, backbone_tokens, trained_tokens = costs.unit_cost(unit, config)
-        flops = 2 * params * backbone_tokens + 6 * (params / 100) * trained_tokens
+        work = costs.unit_work(unit, config)
+        flops = (2 * params * (work.forward + work.decode) + 2 * scorer * work.evaluator
+                 + 6 * (params / 100) * work.trained)
         assert estimate.unit_seconds(unit, config, params) == pytest.approx(flops / estimate.THROUGHPUT["cpu"],
                                                                             rel=1e-12), unit.label
 

@@ -87,12 +87,14 @@ class Throughput:
 
 
 def assumed_throughput(config: SuiteConfig, params: float) -> Throughput:
-    """The rates the assumed sustained FLOP/s give: a forward costs 2·P FLOPs per token, and
+    """The rates the assumed sustained FLOP/s give: a forward costs 2·P FLOPs per token (P the
+    backbone's parameters, or the evaluator's for its passes, when its size is known), and
     training a ~P/100 trainable part on cached targets 6·(P/100)."""
     device = _device_kind(config)
     rate = THROUGHPUT[device]
     forward = rate / (2 * params)
-    return Throughput(forward, forward, forward, rate / (6 * params / 100),
+    evaluator = rate / (2 * (backbone_parameters(config.evaluator) or params))
+    return Throughput(forward, forward, evaluator, rate / (6 * params / 100),
                       f"FLOPs / {rate:.1e} FLOP/s assumed sustained on {device}; order-of-magnitude only")
 
 

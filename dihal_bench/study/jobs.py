@@ -6,7 +6,8 @@ finished, ``result.json`` (written atomically, last). A run that is killed at an
 and started again finds every finished job's result and redoes only the rest; a job cut
 short mid-training resumes from its own checkpoint.
 
-``result.json`` also records a sha256 of the result and of every other file in the folder.
+``result.json`` also records the seconds the work took, and a sha256 of the result and of every
+other file in the folder.
 A finished job is reused only when all of them still match: a damaged result or artifact
 (a flipped bit, a truncated file, a hand edit) makes the job run again, with a warning, so
 that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
@@ -23,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +52,19 @@ JOB_LOCK = ".job.lock"
 #: 2: the bridge's exact position 0 and start token, compact-vocabulary baselines, honest metrics.
 JOB_FORMAT = 2
 
+#: the seconds of work this process has taken from stores instead of doing it again: what each
+#: reused job took when it was done (a job stored before its time was kept counts 0)
+_reused_seconds = 0.0
+
+
+def timed(fn: Callable, *args) -> tuple[object, float]:
+    """``fn(*args)`` and the compute it stands for: its wall time plus the stored time of every
+    finished job it took from a store, so that a resumed run reports what its stages cost, not
+    only what was left of them."""
+    reused, started = _reused_seconds, time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started + _reused_seconds - reused
+
 
 def spec_hash(kind: str, spec: dict) -> str:
     canonical = json.dumps({"kind": kind, "format": JOB_FORMAT, "spec": spec}, sort_keys=True,
@@ -67,18 +82,20 @@ class JobStore:
     def run(self, kind: str, spec: dict, work: Callable[[Path], dict]) -> dict:
         """The stored result of (kind, spec), or ``work(folder)``'s result, stored first."""
         folder = self.folder(kind, spec)
-        result = _finished(folder)
+        result = _reused(folder)
         if result is not None:
             return result
         folder.mkdir(parents=True, exist_ok=True)
         with _held(folder / JOB_LOCK):
-            result = _finished(folder)  # another process did the job while this one waited
+            result = _reused(folder)  # another process did the job while this one waited
             if result is not None:
                 return result
             write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
+            started = time.perf_counter()
             result = work(folder)
+            seconds = time.perf_counter() - started
             _uniform_modes(folder)
-            write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result,
+            write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                 "sha256": {"result": json_sha256(result),
                                                            "files": _artifact_hashes(folder)}})
         return result
@@ -121,15 +138,19 @@ class JobStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _finished(folder: Path) -> dict | None:
-    """The result of the finished job in ``folder`` when it is intact; else None, with a
-    warning and its result.json removed when it is damaged."""
+def _reused(folder: Path) -> dict | None:
+    """The result of the finished job in ``folder`` when it is intact, its stored seconds added to
+    this process's reused time; else None, with a warning and its result.json removed when it is
+    damaged."""
+    global _reused_seconds
     done = folder / RESULT
     if not done.exists():
         return None
-    result, problem = _verified_result(folder)
+    stored, problem = _verified_result(folder)
     if problem is None:
-        return result
+        seconds = stored.get("seconds")
+        _reused_seconds += seconds if isinstance(seconds, (int, float)) else 0.0
+        return stored["result"]
     warn(f"{problem}; redoing job {folder}")
     done.unlink(missing_ok=True)
     return None
@@ -167,8 +188,8 @@ def _artifact_hashes(folder: Path) -> dict[str, str]:
 
 
 def _verified_result(folder: Path) -> tuple[dict | None, str | None]:
-    """(the stored result, None) when result.json and every artifact it lists are intact,
-    else (None, what is wrong, naming the file)."""
+    """(result.json's content, None) when it and every artifact it lists are intact, else
+    (None, what is wrong, naming the file)."""
     done = folder / RESULT
     try:
         stored = json.loads(done.read_text(encoding="utf-8"))
@@ -190,4 +211,4 @@ def _verified_result(folder: Path) -> tuple[dict | None, str | None]:
                 return None, f"{path} does not match the sha256 recorded in {done} (edited or damaged)"
         except OSError as exc:
             return None, f"{path}, recorded in {done}, cannot be read ({exc.strerror or exc})"
-    return result, None
+    return stored, None

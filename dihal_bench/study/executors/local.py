@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 from dihal_bench.study.executors.base import Executor, Item
+from dihal_bench.study.jobs import timed
 
 
 class LocalExecutor(Executor):
-    """Items one after the other: all are checked against the plan first, then each one's wall
-    time goes to its seed's stage and the run's bar advances."""
+    """Items one after the other: all are checked against the plan first, then each one's time
+    (its wall time and the stored time of the jobs it reused) goes to its seed's stage and the
+    run's bar advances."""
 
     def map(self, stage: str, fn, items: list[Item]) -> list:
         if self.progress is not None:
@@ -18,8 +18,8 @@ class LocalExecutor(Executor):
         for item in items:
             if self.progress is not None:
                 self.progress.start(item)
-            started = time.perf_counter()
-            results.append(fn(self.run, *item.args))
+            result, seconds = timed(fn, self.run, *item.args)
+            results.append(result)
             if self.progress is not None:
-                self.progress.finish(item, time.perf_counter() - started)
+                self.progress.finish(item, seconds)
         return results

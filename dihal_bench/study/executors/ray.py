@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from dihal_bench.errors import DihalError
 from dihal_bench.study.estimate import worker_memory
 from dihal_bench.study.executors.base import Executor, Item
-from dihal_bench.study.jobs import LOCK
+from dihal_bench.study.jobs import LOCK, timed
 from dihal_bench.study.plan import seed_units
 
 #: how often Ray restarts a worker that died, and sends again the item it was doing
@@ -61,10 +61,9 @@ class RunWorker:
         return {"pid": os.getpid(), "host": socket.gethostname(), "sees_store": sees}
 
     def work(self, index: int, fn, args: tuple) -> tuple[int, object, float]:
-        """``fn(run, *args)``, with its wall time on this worker."""
-        started = time.perf_counter()
-        result = fn(self.run, *args)
-        return index, result, time.perf_counter() - started
+        """``fn(run, *args)``, with its time on this worker (the stored time of the jobs it reused included)."""
+        result, seconds = timed(fn, self.run, *args)
+        return index, result, seconds
 
 
 class RayExecutor(Executor):
