@@ -28,6 +28,7 @@ from dihal_bench.hybrid.training import (
     validation_subset,
     with_states,
 )
+from dihal_bench.locate.series import located_series
 from dihal_bench.numerics.stats import partial_spearman, rank_correlations
 
 
@@ -51,20 +52,12 @@ def layer_correlations(located: dict, rows: list[dict], seed: int, target: str =
 
     Returns ``{series: statistics}``, or ``{"warning": ...}`` with fewer than 3 swept layers.
     """
-    index = {layer: i for i, layer in enumerate(located["layers"])}
-    swept = sorted((row for row in rows if row["layer"] in index), key=lambda row: row["layer"])
+    scored = set(located["layers"])
+    swept = sorted((row for row in rows if row["layer"] in scored), key=lambda row: row["layer"])
     if len(swept) < 3:
         return {"warning": f"rank correlations need at least 3 swept layers, got {len(swept)}"}
     layers = [row["layer"] for row in swept]
-    at = [index[layer] for layer in layers]
-    series = {"score": [located["score"][i] for i in at]}
-    for name, entry in located["proxies"].items():
-        sign = 1.0 if entry["higher_is_better"] else -1.0
-        series[name] = [sign * entry["values"][i] for i in at]
-    series["depth"] = [-float(layer) for layer in layers]
-    for name, variant in (located.get("variants") or {}).items():
-        if name != located["preprocessing"]:
-            series[f"score[{name}]"] = [variant["score"][i] for i in at]
+    series = located_series(located, layers)
     negative = [-row[target] for row in swept]
     return {name: {**rank_correlations(values, negative, seed=seed),
                    "partial_spearman_given_depth": partial_spearman(values, negative, layers)}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
+from dihal_bench.locate.series import located_series
 from dihal_bench.study.records import (
     DAMAGED,
     RECORD_FORMAT,
@@ -320,15 +321,7 @@ def rank_series(entry: dict) -> RankSeries | None:
     if len(swept) < 3:
         return None
     layers = [_integer(row["layer"], "sweep layer") for row in swept]
-    at = [index[layer] for layer in layers]
-    series = {"score": [_number(located["score"][i]) for i in at]}
-    for name, proxy in located["proxies"].items():
-        sign = 1.0 if proxy["higher_is_better"] else -1.0
-        series[name] = [sign * _number(proxy["values"][i]) for i in at]
-    series["depth"] = [-float(layer) for layer in layers]
-    for name, variant in (located.get("variants") or {}).items():
-        if name != located["preprocessing"]:
-            series[f"score[{name}]"] = [_number(variant["score"][i]) for i in at]
+    series = located_series({**located, "layers": list(index)}, layers, _number)
     targets = {}
     for suffix, key in ((CORRELATION_SETS["correlations"], "bridge_mse"),
                         (CORRELATION_SETS["correlations_trace"], "bridge_mse_trace")):
