@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections import Counter
 from pathlib import Path
 
