@@ -212,12 +212,14 @@ def test_the_committed_records_job_hashes_come_back_from_its_config():
 #: as computed from the suite dicts before the typed config, then with bridgeability measured on
 #: every validation window, then with the diagnostic suite's K = 4 (both changed the bridge jobs' keys on
 #: purpose; locate, targets and baselines kept theirs), then with mdlm and ar-scratch in the smoke suite
-#: (its latency job times every method, so its key names them): a change here orphans stored jobs
+#: (its latency job times every method, so its key names them), then with the diagnostic record of the suite
+#: that sweeps all 29 layers (its targets job stores them all) and has more rows (latency again): a change here
+#: orphans stored jobs
 FIRST_JOBS = {
-    "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "e9915496c0f016f1",
+    "diagnostic-record": {"locate": "d6e97a472e94f0c6", "bridge-targets": "12872a3aed309b4c",
                           "sweep-layer": "79664c8798a78b58", "dihal-train": "376f6638cfacbf97",
                           "samples": "e67fd296b3f6b148", "baseline-train": "9869e04a398cf38a",
-                          "metrics": "b2b561b6a718178a", "latency": "6274064ebf5197c6",
+                          "metrics": "b2b561b6a718178a", "latency": "eb645da20c521836",
                           "steps-point": "4d9fa9b78038c741"},
     "smoke": {"locate": "39ebaa393776356b", "bridge-targets": "f08b1010c7fce5b0", "sweep-layer": "3783615758dab013",
               "dihal-train": "5ddfa9881220fe25", "samples": "18026f3ba49d7286", "baseline-train": "acbea2602cff2dfc",

@@ -131,7 +131,7 @@ def correlation_claim(group: Group) -> Claim:
     layers = sorted({len(s.layers) for s in per_seed})
     measurement = (
         f"{name(group)}: Spearman ρ of S(ℓ) with −(bridge MSE) over {'/'.join(map(str, layers))} swept layers "
-        f"= {fmt(pooled['rho'])} (seeds {seeds(group)}: {' / '.join(fmt(r) for r in rhos)}), pooled permutation "
+        f"= {fmt(pooled['rho'])} ({seeds(group)}: {' / '.join(fmt(r) for r in rhos)}), pooled permutation "
         f"p = {p_text(pooled['p'])}; depth alone ρ = {fmt(depth['rho'])}. {beyond_depth(partial)}")
     interval = (f"95% CI of ρ [{fmt(versus['low'])}, {fmt(versus['high'])}] (Fisher z, Bonett–Wright variance, "
                 f"seeds pooled); H₀: ρ = {PAPER_RHO}: z = {versus['z']:.2f}, p = {p_text(versus['p_below'])}")
@@ -177,7 +177,7 @@ def baselines_claim(group: Group) -> Claim:
     rivals = [method for method, row in first_methods(group).items()
               if method in PAPER_BASELINES and row["kind"] == "baseline" and row["in_budget"]]
     ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, 'dihal-chosen', rival)}" for rival in rivals)
-    measurement = f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's (seeds {seeds(group)}): {ratios}"
+    measurement = f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's ({seeds(group)}): {ratios}"
     rule = (f"reproduced iff, for every matched baseline, the paired {100 * (1 - ALPHA):.0f}% interval of "
             "log Gen.PPL(DiHAL) − log Gen.PPL(baseline) lies below 0; not reproduced iff one lies above 0; "
             "else not shown")
@@ -202,7 +202,7 @@ CLAIM_BASELINES = "under a matched budget DiHAL at ℓ\\* beats the continuous-d
 def oracle_claim(group: Group) -> Claim:
     """ℓ* is competitive with the oracle layer: Gen.PPL within `ORACLE_MARGIN` of it."""
     layers = " / ".join(f"{entry['roles'].get('chosen')} vs {entry['roles'].get('oracle')}" for _, entry in group.entries)
-    measurement = (f"{name(group)}: ℓ\\* vs the oracle layer by bridge error {layers} (seeds {seeds(group)}); "
+    measurement = (f"{name(group)}: ℓ\\* vs the oracle layer by bridge error {layers} ({seeds(group)}); "
                    f"Gen.PPL at ℓ\\* ÷ at the oracle layer {per_seed_ratio(group, 'dihal-chosen', 'dihal-oracle')}")
     rule = (f"reproduced iff the upper end of the paired {100 * (1 - ALPHA):.0f}% interval of Gen.PPL(ℓ\\*) ÷ "
             f"Gen.PPL(oracle) is ≤ {ORACLE_MARGIN:.2f} (at most 10% worse); not reproduced iff its lower end is "
@@ -220,7 +220,7 @@ def regressor_claim(group: Group) -> Claim:
     """Diffusion is what makes the bridge work: DiHAL beats the same network trained as a one-step
     regressor."""
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ the one-step regressor with the same network and "
-                   f"budget {per_seed_ratio(group, 'dihal-chosen', 'control-regressor')} (seeds {seeds(group)})")
+                   f"budget {per_seed_ratio(group, 'dihal-chosen', 'control-regressor')} ({seeds(group)})")
     rule = (f"reproduced iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − "
             "log Gen.PPL(regressor) lies below 0; not reproduced iff above 0; else not shown")
     claim = "diffusion steps are what make the bridge work (beyond one-step regression)"
@@ -238,7 +238,7 @@ def rival_question(group: Group, rival: str) -> Claim:
     the same backbone, data and allowance?"""
     question = f"(this benchmark's question) DiHAL at ℓ\\* beats {RIVALS[rival]} on Gen.PPL under the same allowance"
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ {markdown_text(rival)}'s "
-                   f"{per_seed_ratio(group, 'dihal-chosen', rival)} (seeds {seeds(group)})")
+                   f"{per_seed_ratio(group, 'dihal-chosen', rival)} ({seeds(group)})")
     rule = (f"yes iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({rival}) "
             "lies below 0; no iff above 0; else not shown")
     result = paired(group, "dihal-chosen", rival)
@@ -262,7 +262,7 @@ def latency_claim(group: Group) -> Claim:
     measured = [r for r in ratios if isinstance(r, (int, float)) and not isinstance(r, bool)]
     measurement = (f"{name(group)}: DiHAL at ℓ\\* ms/token ÷ the backbone's, batch 1, same run, median of "
                    f"interleaved rounds: {' / '.join(fmt(r) if r in measured else '—' for r in ratios)} "
-                   f"(seeds {seeds(group)})")
+                   f"({seeds(group)})")
     rule = "reproduced iff the ratio is > 1 on every seed; not reproduced iff < 1 on every seed; else not shown"
     interval = "none: the records keep each seed's median, not its spread"
     claim = "DiHAL is slower than the backbone at inference"
@@ -317,7 +317,9 @@ def name(group: Group) -> str:
 
 
 def seeds(group: Group) -> str:
-    return " / ".join(str(entry["seed"]) for _, entry in group.entries)
+    """"seed 1" or "seeds 0 / 1": which seeds a measurement's per-seed figures are, in their order."""
+    names = [str(entry["seed"]) for _, entry in group.entries]
+    return ("seed " if len(names) == 1 else "seeds ") + " / ".join(names)
 
 
 def fmt(x: float | None) -> str:
