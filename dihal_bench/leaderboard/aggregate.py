@@ -85,7 +85,8 @@ class Column:
 
     ``kind`` says how its cells are made: ``text`` from the table's ``labels``; ``stat`` (mean ±
     std) and ``count`` (a bare integer where it does not vary) from ``<key>_mean``, ``_std`` and
-    ``_n`` of the table's numbers; ``interval`` from ``<key>_low_mean`` and ``<key>_high_mean``.
+    ``_n`` of the table's numbers. No kind averages interval bounds or p-values over seeds: a
+    per-seed interval is text, and a pooled p-value is one number of the pooled test.
     ``main``: whether the page shows it in the table a reader ranks by, or one click away;
     ``description``: what it measures, where the records say.
     """
@@ -158,7 +159,7 @@ def method_table(group: Group) -> Table:
         Column("tokens_seen", "Tokens seen", "count", main=False),
         *(Column(key, " ".join(key.split("/")[1:]), main=False) for key in lm_eval),
     ]
-    numeric = [column.key for column in columns if column.kind not in ("text", "interval")]
+    numeric = [column.key for column in columns if column.kind != "text"]
     stats = summarise(frame, "method", numeric)
     per_method = frame.groupby("method", sort=False)
     labels = {"name": [method_name(name, rows) for name, rows in per_method],

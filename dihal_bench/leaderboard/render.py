@@ -112,28 +112,21 @@ def format_cell(mean: float, std: float, n: int, *, count: bool = False, usual: 
     return f"{format_mean_std(mean, std)} (n={n} seed{'s' if n != 1 else ''})"
 
 
-def _interval(low: float, high: float) -> str:
-    return "—" if math.isnan(low) or math.isnan(high) else f"[{low:.2f}, {high:.2f}]"
-
-
 def cell(table: Table, column: Column, row: int, *, usual: int | None = None) -> str:
     """The text of one cell; with ``usual``, n only where it differs from it."""
     if column.kind == "text":
         return table.labels[column.key][row]
     values = table.numbers.iloc[row]
-    if column.kind == "interval":
-        return _interval(values[f"{column.key}_low_mean"], values[f"{column.key}_high_mean"])
     return format_cell(values[f"{column.key}_mean"], values[f"{column.key}_std"], int(values[f"{column.key}_n"]),
                        count=column.kind == "count", usual=usual)
 
 
 def sort_key(table: Table, column: Column, row: int) -> str | None:
-    """What a click on the column's header sorts the row by: its mean (the lower bound of
-    an interval); "" when it has none; None for text, which sorts by what it shows."""
+    """What a click on the column's header sorts the row by: its mean; "" when it has none;
+    None for text, which sorts by what it shows."""
     if column.kind == "text":
         return None
-    key = f"{column.key}_low_mean" if column.kind == "interval" else f"{column.key}_mean"
-    value = table.numbers.iloc[row][key]
+    value = table.numbers.iloc[row][f"{column.key}_mean"]
     return "" if math.isnan(value) else repr(float(value))
 
 
