@@ -1,7 +1,9 @@
 """How well a run's estimate holds: each stage's estimated seconds against the seconds the run
 then took, for one suite (default: smoke) run in a fresh temporary job store; or, with
-``--record PATH``, for a run already made: the estimate of the record's own configuration
-(assumed rates, and calibrated ones with ``--calibrate``) against the stage times it recorded.
+``--record PATH``, for a run already made: the estimate the run itself made before it started
+(``own``, kept in records since they carry one; the one to read, since it was made on the same
+machine under the same load), and the estimate of the record's configuration now (assumed rates,
+and rates measured on this machine with ``--calibrate``), each against the stage times it recorded.
 
 The estimate is the one ``dihal-bench run`` prints before its work starts, from rates measured
 on this machine by ``dihal_bench.study.calibration.calibrate`` (a few seconds), and the assumed
@@ -47,10 +49,10 @@ def table(estimates: dict[str, dict[str, float]], took: dict[str, float]) -> tup
     rows, report = [], {}
     for stage in [s for s in STAGES if s in first]:
         measured = took.get(stage)
-        ratios = {kind: (estimates[kind][stage] / measured if measured else None) for kind in kinds}
-        rows.append([stage, *(f"{estimates[kind][stage]:.0f}" for kind in kinds), f"{measured or 0.0:.0f}",
+        ratios = {kind: (estimates[kind].get(stage, 0.0) / measured if measured else None) for kind in kinds}
+        rows.append([stage, *(f"{estimates[kind].get(stage, 0.0):.0f}" for kind in kinds), f"{measured or 0.0:.0f}",
                      *("-" if ratios[kind] is None else f"{ratios[kind]:.2f}" for kind in kinds)])
-        report[stage] = {"measured_s": measured, **{f"{kind}_s": estimates[kind][stage] for kind in kinds},
+        report[stage] = {"measured_s": measured, **{f"{kind}_s": estimates[kind].get(stage, 0.0) for kind in kinds},
                          **{f"{kind}_ratio": ratios[kind] for kind in kinds}}
     measured_total = sum(took[s] for s in first if s in took)
     totals = {kind: sum(estimates[kind].values()) for kind in kinds}
@@ -69,7 +71,12 @@ def from_record(path: Path, calibrated: bool, seed: int) -> tuple[dict, dict]:
     params = backbone_parameters(config.backbone)
     shape = describe_backbone(config.backbone)
     layers = None if shape is None else shape.num_layers
-    estimates = {"assumed": stage_estimates(config, layers, assumed_throughput(config, params))}
+    estimates = {}
+    if "estimate" in record:  # the run's own, made at its start
+        own = record["estimate"]
+        estimates["own"] = {stage: own["stages"].get(stage, 0.0) for stage in STAGES if stage in own["stages"]}
+        print(f"the run's own estimate: {own['source']}")
+    estimates["assumed"] = stage_estimates(config, layers, assumed_throughput(config, params))
     if calibrated:
         backbone = load_backbone(config.backbone, device=config.device, dtype=config.dtype)
         evaluator = backbone if config.evaluator == config.backbone else load_backbone(

@@ -247,6 +247,14 @@ def test_an_interrupted_run_resumes_without_redoing_jobs_and_gives_the_same_numb
     assert comparable(uninterrupted_record) == comparable(json.loads(b.read_text()))
 
 
+def test_the_record_keeps_the_estimate_the_run_made_before_it_started(uninterrupted_record):
+    estimate, timings = uninterrupted_record["estimate"], uninterrupted_record["timings"]
+    assert set(estimate["stages"]) == set(timings) - {"total_seconds"}  # the same stages, to compare one by one
+    assert estimate["total_seconds"] == pytest.approx(sum(estimate["stages"].values()))
+    assert "assumed" in estimate["source"]  # no --calibrate
+    assert estimate["stages"]["sweep"] > 0 and estimate["stages"]["references"] == 0  # drawing texts costs nothing
+
+
 def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninterrupted_record):
     from dihal_bench.study.plan import seed_units
 

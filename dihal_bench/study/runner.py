@@ -29,7 +29,7 @@ from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.calibration import estimate_line, run_throughput
-from dihal_bench.study.estimate import unit_seconds
+from dihal_bench.study.estimate import Throughput, unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.plan import (
@@ -116,15 +116,27 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
         report(estimate_line(config, costs, throughput))
     tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress,
                        costs=costs)
+    estimate = stage_estimate(plans, costs, throughput)
     try:
-        return _run_stages(suite, config, run, executor, tracker, results_dir, ran_on)
+        return _run_stages(suite, config, run, executor, tracker, results_dir, {"environment": ran_on,
+                                                                                 "estimate": estimate})
     except KeyboardInterrupt as exc:
         tracker.close()
         raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
 
 
+def stage_estimate(plans: dict[int, list], costs: dict[int, list[float]], throughput: Throughput) -> dict:
+    """What the run estimated before it started, as the record keeps it beside its ``timings``:
+    each stage's estimated seconds over all seeds, their total, and where the rates came from."""
+    stages: dict[str, float] = {}
+    for seed, plan in plans.items():
+        for unit, seconds in zip(plan, costs[seed], strict=True):
+            stages[unit.stage] = stages.get(unit.stage, 0.0) + seconds
+    return {"source": throughput.source, "stages": stages, "total_seconds": sum(stages.values())}
+
+
 def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, tracker: Progress,
-                results_dir: Path, ran_on: dict) -> Path:
+                results_dir: Path, started_with: dict) -> Path:
     with run.store.lock(), executor.start(run, tracker):
         started = time.perf_counter()
         per_seed = study_seeds(run, executor, list(config.seeds))
@@ -148,8 +160,9 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
             "seeds": list(config.seeds),
             "config": config.to_dict(),
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "environment": ran_on,
+            "environment": started_with["environment"],
             "timings": {**stage_totals, "total_seconds": time.perf_counter() - started},
+            "estimate": started_with["estimate"],
             # relative to the working directory, as the schema says and lm_eval.record reads it
             "jobs": os.path.relpath(run.store.root),
             "metrics": {name: metric_description(get_registry().get("metric", name)) for name in metric_names(config)},
