@@ -28,8 +28,8 @@ from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.calibration import estimate_line, run_throughput
-from dihal_bench.study.estimate import Throughput, unit_seconds
+from dihal_bench.study.calibration import estimate_line, run_throughput, stage_estimate
+from dihal_bench.study.estimate import unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.plan import (
@@ -123,16 +123,6 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
     except KeyboardInterrupt as exc:
         tracker.close()
         raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
-
-
-def stage_estimate(plans: dict[int, list], costs: dict[int, list[float]], throughput: Throughput) -> dict:
-    """What the run estimated before it started, as the record keeps it beside its ``timings``:
-    each stage's estimated seconds over all seeds, their total, and where the rates came from."""
-    stages: dict[str, float] = {}
-    for seed, plan in plans.items():
-        for unit, seconds in zip(plan, costs[seed], strict=True):
-            stages[unit.stage] = stages.get(unit.stage, 0.0) + seconds
-    return {"source": throughput.source, "stages": stages, "total_seconds": sum(stages.values())}
 
 
 def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, tracker: Progress,
