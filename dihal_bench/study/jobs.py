@@ -6,8 +6,8 @@ finished, ``result.json`` (written atomically, last). A run that is killed at an
 and started again finds every finished job's result and redoes only the rest; a job cut
 short mid-training resumes from its own checkpoint.
 
-``result.json`` also records the seconds the work took, and a sha256 of the result and of every
-other file in the folder.
+``result.json`` also records a sha256 of the result and of every other file in the folder (and,
+outside the check, the seconds the work took: a timing, not a result).
 A finished job is reused only when all of them still match: a damaged result or artifact
 (a flipped bit, a truncated file, a hand edit) makes the job run again, with a warning, so
 that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
