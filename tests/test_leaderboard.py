@@ -23,7 +23,7 @@ from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard import build_leaderboards, render
 from dihal_bench.leaderboard.aggregate import pareto_front
 from dihal_bench.leaderboard.page import SORT_SCRIPT
-from dihal_bench.leaderboard.render import format_cell, format_mean_std
+from dihal_bench.leaderboard.render import format_cell, format_mean_std, format_p
 from dihal_bench.study.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
@@ -562,6 +562,8 @@ def test_number_formatting():
     assert format_cell(math.nan, math.nan, 0) == "—"
     assert format_cell(2285888.0, 0.0, 3, count=True) == "2,285,888"
     assert format_cell(6.0, 1.0, 2, count=True) == "6.0 ± 1.0 (n=2 seeds)"
+    # p-values to two significant figures: the smallest a 10,000-permutation test gives, then Holm's and a raw one
+    assert [format_p(p) for p in (1 / 10001, 0.0026, 0.6682, 1.0, math.nan)] == ["1.0e-04", "0.0026", "0.67", "1", "—"]
 
 
 def test_pareto_front_keeps_the_undominated_points():

@@ -85,7 +85,7 @@ class Column:
 
     ``kind`` says how its cells are made: ``text`` from the table's ``labels``; ``stat`` (mean ±
     std) and ``count`` (a bare integer where it does not vary) from ``<key>_mean``, ``_std`` and
-    ``_n`` of the table's numbers. No kind averages interval bounds or p-values over seeds: a
+    ``_n`` of the table's numbers; ``p`` (a p-value, to two significant figures) from ``<key>_mean``. No kind averages interval bounds or p-values over seeds: a
     per-seed interval is text, and a pooled p-value is one number of the pooled test.
     ``main``: whether the page shows it in the table a reader ranks by, or one click away;
     ``description``: what it measures, where the records say.
@@ -272,10 +272,10 @@ def proxy_table(group: Group) -> Table:
         numbers[f"{key}_n"] = [tests[proxy].get("seeds", 0) if key in tests[proxy] else 0 for proxy in stats.index]
     labels = {"proxy": ["score (combined S(ℓ))" if proxy == "score" else proxy for proxy in stats.index]}
     columns = [Column("proxy", "Proxy", "text"),
-               Column("spearman", "Spearman ρ"), Column("spearman_p", "ρ p (pooled)"),
-               Column("spearman_p_holm", "ρ p Holm"),
+               Column("spearman", "Spearman ρ"), Column("spearman_p", "ρ p (pooled)", "p"),
+               Column("spearman_p_holm", "ρ p Holm", "p"),
                Column("partial_spearman_given_depth", "partial ρ given depth"),
-               Column("partial_p", "partial p (pooled)"), Column("partial_p_holm", "partial p Holm"),
+               Column("partial_p", "partial p (pooled)", "p"), Column("partial_p_holm", "partial p Holm", "p"),
                Column("partial_detectable", "partial |ρ| detectable, α = 0.05"),
                Column("residual_share_x", "residual share, series", main=False),
                Column("residual_share_y", "residual share, error", main=False),

@@ -100,6 +100,14 @@ def format_mean_std(mean: float, std: float) -> str:
     return f"{mean:.{decimals}e} ± {std:.1e}"
 
 
+def format_p(p: float) -> str:
+    """A p-value to two significant figures (scientific below 0.001): more digits than the
+    test's resolution (1/(permutations + 1)) would only suggest precision it does not have."""
+    if math.isnan(p):
+        return "—"
+    return f"{p:.1e}" if 0 < p < 1e-3 else f"{p:.2g}"
+
+
 def format_cell(mean: float, std: float, n: int, *, count: bool = False, usual: int | None = None) -> str:
     """``mean ± std (n=k seeds)``; a count that does not vary is shown as the bare integer.
     With ``usual`` (the n the table states once), n is shown only where it differs."""
@@ -117,6 +125,8 @@ def cell(table: Table, column: Column, row: int, *, usual: int | None = None) ->
     if column.kind == "text":
         return table.labels[column.key][row]
     values = table.numbers.iloc[row]
+    if column.kind == "p":
+        return format_p(values[f"{column.key}_mean"]) if int(values[f"{column.key}_n"]) else "—"
     return format_cell(values[f"{column.key}_mean"], values[f"{column.key}_std"], int(values[f"{column.key}_n"]),
                        count=column.kind == "count", usual=usual)
 
