@@ -214,3 +214,23 @@ def test_a_users_run_and_tables_never_default_to_the_committed_folders():
     assert defaults["run", "results_dir"] == "runs/results" and defaults["run", "out_root"] == "runs"
     assert defaults["leaderboard", "results_dir"] == "runs/results"
     assert defaults["leaderboard", "out_dir"] == "runs/leaderboards"
+
+
+def test_baseline_sample_loads_the_backbone_the_baseline_was_trained_with(tiny_model_dir, encode_sentences,
+                                                                          tmp_path, one_torch_thread):
+    from dihal_builtin.baselines.ar_scratch import ARScratch
+
+    from dihal_bench.registry.resolve import load_backbone
+    from dihal_bench.training.budget import Budget
+
+    backbone = load_backbone(tiny_model_dir)
+    model = ARScratch(backbone, Budget(steps=2, batch_size=4, seq_len=8, lr=1e-3, epochs=2, seed=0), seed=0,
+                      d_model=16, layers=1, heads=2)
+    model.fit(encode_sentences(["cats run"], copies=4), progress=False)
+    model.save(tmp_path / "model")
+    assert json.loads((tmp_path / "model" / "baseline.json").read_text())["backbone"] == backbone.name
+
+    result = invoke("baseline", "sample", "ar-scratch", "--from", str(tmp_path), "-n", "2", "--seq-len", "4",
+                    "--quiet")  # no --backbone: the tiny model it was trained with, not smollm2-135m
+    assert result.exit_code == 0, result.output
+    assert "--- ar-scratch sample 1 ---" in result.output

@@ -86,8 +86,10 @@ class Baseline(ABC):
 
     def config(self) -> dict:
         """JSON-able description that rebuilds the same architecture: ``cls(backbone, budget, seed, **options)``,
-        then :meth:`restore` of this description where the architecture also depends on the training data."""
-        return {"name": self.name, "seed": self.seed, "options": self.options, "budget": self.budget.to_dict()}
+        then :meth:`restore` of this description where the architecture also depends on the training data.
+        ``backbone`` names the backbone it was trained with (what ``baseline sample`` loads by default)."""
+        return {"name": self.name, "seed": self.seed, "options": self.options, "budget": self.budget.to_dict(),
+                "backbone": self.backbone.name}
 
     def restore(self, saved: dict, directory: Path) -> None:
         """Rebuild, from a saved :meth:`config` (read from ``directory``), what the architecture took

@@ -191,8 +191,10 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, device, 
 @click.option("--checkpoint", type=click.Path(file_okay=False), required=True, help="A `bridge train` output folder.")
 @click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True, help="Number of samples.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--temperature", type=FiniteFloatRange(min=0, min_open=True), default=0.8, show_default=True)
-@click.option("--top-p", type=FiniteFloatRange(min=0, max=1, min_open=True), default=0.95, show_default=True)
+@click.option("--temperature", type=FiniteFloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="As every built-in suite samples (sampling.temperature).")
+@click.option("--top-p", type=FiniteFloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
+              help="As every built-in suite samples (sampling.top_p).")
 @click.option("--steps", type=click.IntRange(min=1), help="Bridge sampling steps K (default: the bridge's own).")
 @click.option("--prompt", help="Text to continue (default: unconditional from the start token).")
 @click.option("--seed", type=SEED, default=0, show_default=True)
@@ -269,7 +271,8 @@ def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, 
 
 @baseline.command("sample")
 @click.argument("name")
-@click.option("--backbone", "backbone_name", default="smollm2-135m", show_default=True)
+@click.option("--backbone", "backbone_name",
+              help="Default: the backbone the baseline was trained with (its baseline.json names it).")
 @click.option("--from", "out_dir", type=click.Path(file_okay=False), help="Trained folder (default runs/baselines/NAME).")
 @click.option("-n", "count", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=48, show_default=True)
@@ -293,6 +296,10 @@ def baseline_sample(name, backbone_name, out_dir, count, seq_len, seed, device, 
         budget, seed_trained, options = Budget.from_dict(saved["budget"]), saved["seed"], saved["options"]
     except (KeyError, TypeError) as exc:
         raise DihalError(f"{folder / CONFIG_FILE} is damaged ({type(exc).__name__}: {exc})") from None
+    backbone_name = backbone_name or saved.get("backbone")
+    if backbone_name is None:
+        raise DihalError(f"{folder / CONFIG_FILE} does not name the backbone it was trained with (saved before "
+                         "baselines recorded it); give --backbone")
     check_backbone_name(backbone_name, "--backbone")
     device, dtype = chosen_device(device, dtype)
     backbone = load_backbone(backbone_name, device=device, dtype=dtype)
