@@ -234,3 +234,10 @@ def test_baseline_sample_loads_the_backbone_the_baseline_was_trained_with(tiny_m
                     "--quiet")  # no --backbone: the tiny model it was trained with, not smollm2-135m
     assert result.exit_code == 0, result.output
     assert "--- ar-scratch sample 1 ---" in result.output
+
+
+def test_bridge_train_takes_its_evaluation_windows_from_the_suite_it_names(tiny_suite_file, tmp_path, one_torch_thread):
+    out = tmp_path / "bridge"
+    result = invoke("bridge", "train", "--suite", str(tiny_suite_file), "--layer", "1", "--out", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "train.json").read_text())["eval_sequences"] == 4  # the tiny suite's, not a CLI default

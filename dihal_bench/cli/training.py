@@ -109,9 +109,9 @@ def _check_training_inputs(config, out_dir) -> None:
 @_training_options
 @click.option("--layers", default="auto", show_default=True,
               help="Comma-separated layers, or 'auto' (about ten spread over the stack, always with ℓ*).")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--eval-sequences", type=click.IntRange(min=1),
               help="Validation windows the hybrid's perplexity and KL are measured on per layer (a seeded random "
-                   "subset; bridgeability takes every window).")
+                   "subset; bridgeability takes every window). Default: the suite's sweep.eval_sequences.")
 @click.option("--stream-targets", is_flag=True,
               help="Compute the bridge's training states per batch instead of storing them, and the validation "
                    "states one layer at a time (memory bounded by the batch and one layer's validation states).")
@@ -137,7 +137,8 @@ def sweep(suite, backbone_name, corpus_name, seed, sets, epochs, device, dtype, 
     if chosen_layers is None:
         chosen_layers = auto_sweep_layers(backbone.num_layers, {located["chosen_layer"]}, 10)
     spec = bridge_spec(config, "sweep.budget", seed)
-    result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec, eval_sequences=eval_sequences,
+    result = sweep_module.run_sweep(backbone, corpus, chosen_layers, spec,
+                                    eval_sequences=eval_sequences or config.sweep.eval_sequences,
                                     work_dir=Path(out_dir) / "checkpoints", progress=not quiet,
                                     stream_targets=stream_targets)
     result["correlations"] = sweep_module.layer_correlations(located, result["layers"], seed)
@@ -157,8 +158,9 @@ def bridge():
 @bridge.command("train")
 @_training_options
 @click.option("--layer", type=click.IntRange(min=1), required=True, help="Replace layers 1..LAYER by the bridge.")
-@click.option("--eval-sequences", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Validation windows for the hybrid's perplexity and KL (bridgeability takes every window).")
+@click.option("--eval-sequences", type=click.IntRange(min=1),
+              help="Validation windows for the hybrid's perplexity and KL (bridgeability takes every window). "
+                   "Default: the suite's sweep.eval_sequences.")
 @click.option("--stream-targets", is_flag=True,
               help="Compute the bridge's training states per batch instead of storing them (memory bounded by the batch).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
@@ -174,7 +176,8 @@ def bridge_train(suite, backbone_name, corpus_name, seed, sets, epochs, device, 
                                                  out_dir, device, dtype, layers=[layer])
     backbone.check_layer(layer)  # again: a backbone plugin without `describe` is first known here
     spec = bridge_spec(config, "budget", seed)
-    result = sweep_module.run_sweep(backbone, corpus, [layer], spec, eval_sequences=eval_sequences,
+    result = sweep_module.run_sweep(backbone, corpus, [layer], spec,
+                                    eval_sequences=eval_sequences or config.sweep.eval_sequences,
                                     work_dir=Path(out_dir) / "training", progress=not quiet, keep_bridges=True,
                                     stream_targets=stream_targets)
     trained = result.pop("bridges")[layer]

@@ -65,7 +65,7 @@ def layer_correlations(located: dict, rows: list[dict], seed: int, target: str =
 
 
 def run_sweep(backbone: Backbone, corpus: Corpus, layers: list[int], spec: BridgeSpec, *,
-              eval_sequences: int = 64, work_dir: Path | None = None, progress: bool = True,
+              eval_sequences: int | str = 64, work_dir: Path | None = None, progress: bool = True,
               keep_bridges: bool = False, stream_targets: bool = False) -> dict:
     """Train and evaluate one bridge per layer; returns the per-layer table and timings
     (and the trained bridges under ``"bridges"`` when ``keep_bridges``). With
