@@ -553,6 +553,16 @@ def test_the_page_shows_a_few_escaped_samples_per_method(results, tmp_path):
     assert "seed 3 of c.json" in samples
 
 
+def test_the_budget_column_says_what_was_trained():
+    from dihal_bench.leaderboard.aggregate import budget_label
+
+    def label(kind: str, in_budget: bool) -> str:
+        return budget_label(pd.DataFrame({"kind": [kind, kind], "in_budget": [in_budget, in_budget]}))
+
+    assert [label("dihal", True), label("baseline", False), label("control", False), label("reference", False)] == [
+        "matched", "outside", "nothing trained", "no model"]  # the intact backbone, the skip control, a drawn text
+
+
 def test_number_formatting():
     assert format_mean_std(62.6185, 1.234) == "62.6 ± 1.2"
     assert format_mean_std(0.5, 0.0123) == "0.500 ± 0.012"

@@ -22,7 +22,8 @@ METHODS_NOTE = (
     "decode in the same run. Valid samples: those Gen.PPL and MAUVE read (not empty, not one "
     "word repeated over half the text); a method with fewer than the suite's min_valid has no "
     "Gen.PPL or MAUVE. Budget: matched = trained under the matched budget; outside = "
-    "trains nothing (the intact backbone, the skip control: layers 1..ℓ* deleted); no model = "
+    "the intact backbone, trained by no one here; nothing trained = the skip control (layers 1..ℓ* "
+    "deleted, the rest the backbone's); no model = "
     "text drawn rather than generated (reference-unigram: i.i.d. tokens from the training "
     "split's unigram distribution, a floor; reference-human: held-out validation windows, a "
     "ceiling). control-regressor is DiHAL's bridge network trained to map h_0 to h_ℓ* in one "
@@ -193,7 +194,9 @@ def seed_intervals(rows: pd.DataFrame, metric: str) -> str:
 def budget_label(rows: pd.DataFrame) -> str:
     if rows["in_budget"].all():
         return "matched"
-    return "no model" if (rows["kind"] == "reference").all() else "outside"
+    if (rows["kind"] == "reference").all():
+        return "no model"
+    return "nothing trained" if (rows["kind"] == "control").all() else "outside"
 
 
 def metric_notes(group: Group) -> list[str]:
