@@ -511,14 +511,20 @@ def test_the_bar_advances_by_each_units_estimated_seconds():
 
 def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
     from dihal_bench.config.suite import resolved_config
-    from dihal_bench.study.calibration import calibrate
+    from dihal_bench.config.suite import apply_overrides
+    from dihal_bench.study.calibration import calibrate_run
     from dihal_bench.study.run import Run
 
     _, config = resolve_suite(str(tiny_suite))
+    # an allowance ar-scratch fits on the tiny model (d_model 48)
+    config = apply_overrides(config, {"methods.baselines": '["ar-scratch", "ar-backbone"]',
+                                      "budget.param_allowance": "114816"})
     run = Run("tiny", resolved_config(config), Path("never-written"), progress=False)
-    rates = calibrate(run.config, run.backbone, run.evaluator)
+    rates = calibrate_run(run)
     assert all(0 < getattr(rates, kind) < float("inf") for kind in ("forward", "decode", "evaluator", "trained"))
     assert rates.source.startswith("measured on this machine (cpu")
+    # the trained baseline timed by its own step; the intact backbone trains nothing
+    assert set(rates.baseline_step) == {"ar-scratch"} and 0 < rates.baseline_step["ar-scratch"] < float("inf")
 
 
 def test_run_takes_device_and_dtype(tiny_suite):

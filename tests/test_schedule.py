@@ -159,6 +159,11 @@ def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
     budget = costs.Budget.from_dict(config.budget)
     assert estimate.unit_seconds(units["dihal-chosen"], config, None, rates) == \
         pytest.approx(budget.steps * budget.tokens_per_step / 2000 + samples / 10)
+    # a baseline timed by the step: its steps at that time, its samples decoded; untimed ones by tokens
+    timed = dataclasses.replace(rates, baseline_step={"sed": 0.25})
+    assert estimate.unit_seconds(units["sed"], config, None, timed) == pytest.approx(budget.steps * 0.25 + samples / 10)
+    assert estimate.unit_seconds(units["diffusion-lm"], config, None, timed) == \
+        estimate.unit_seconds(units["diffusion-lm"], config, None, rates)
     text = estimate.format_plan("diagnostic", config, rates)
     assert "time: measured here" in text
     total = sum(estimate.unit_seconds(unit, config, None, rates) for unit in units.values())

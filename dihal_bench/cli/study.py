@@ -108,11 +108,10 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
 
 def measured_throughput(name, config, out_root):
     """``--dry-run --calibrate``: the rates measured on the suite's models, loaded as a run loads them."""
-    from dihal_bench.study.calibration import calibrate
+    from dihal_bench.study.calibration import calibrate_run
     from dihal_bench.study.run import Run
 
-    run = Run(name, config, Path(out_root), progress=False)
-    return calibrate(config, run.backbone, run.evaluator)
+    return calibrate_run(Run(name, config, Path(out_root), progress=False))
 
 
 @contextmanager

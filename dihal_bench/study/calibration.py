@@ -19,15 +19,18 @@ from dihal_bench.training.budget import Budget
 #: calibration takes seconds; the batch shapes are the suite's own, since a rate depends on them
 CALIBRATION_DECODE_TOKENS = 8
 CALIBRATION_STEPS = 3
+#: training windows a baseline's timed steps draw from (at least two batches of every built-in suite)
+CALIBRATION_WINDOWS = 64
 
 
-def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0) -> Throughput:
+def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None) -> Throughput:
     """Each kind of :class:`Work`'s rate measured on the loaded models in seconds: a forward pass
     of the backbone and of the evaluator, a decode by the suite's bridge at the middle layer with
     the suite's sample steps (what DiHAL's rows sample with), and a few training steps of that bridge
     through the one training loop. Forwards run one batch of the suite's training budget (the shape
     of the targets and evaluation passes). Each is timed after a warm-up call, which pays for lazy
-    setup."""
+    setup. Each trained baseline of the suite is timed by the step through its own ``fit``
+    (:func:`_baseline_steps`), on ``sequences`` (the run's training windows) or random ids."""
     import torch
 
     from dihal_bench.hybrid.model import HybridLM
@@ -52,7 +55,48 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0) -> Throug
                          rows * CALIBRATION_DECODE_TOKENS, backbone.device)
     return Throughput(forward=forward_rate(backbone), decode=decode, evaluator=forward_rate(evaluator),
                       trained=_training_rate(spec, backbone.width, backbone.device, seed),
-                      source=f"measured on this machine ({backbone.device}, {config.dtype})")
+                      source=f"measured on this machine ({backbone.device}, {config.dtype})",
+                      baseline_step=_baseline_steps(config, backbone, seed, sequences))
+
+
+def _baseline_steps(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, float]:
+    """Seconds per training step of each trained baseline of the suite: its ``fit`` for two steps
+    minus its ``fit`` for one, so that building it and what its ``fit`` does before the first step
+    (a vocabulary, LD4LG's feature extraction on these few windows) cancel out. A LoRA rival's step
+    runs the whole backbone forward and backward, seconds on a CPU; the others', a fraction of one."""
+    import torch
+
+    from dihal_bench.registry.plugins import get_registry
+    from dihal_bench.study.protocol import matched_budget
+
+    registry, sampling = get_registry(), config.sampling
+    budget = matched_budget(config, seed, backbone.width)
+    # a few windows: enough for two steps and a vocabulary of a few thousand tokens (a compact-vocabulary
+    # baseline's readout grows with it), few enough that what fit does per window stays seconds
+    data = (sequences if sequences is not None else torch.randint(
+        backbone.vocab_size, (CALIBRATION_WINDOWS, budget.seq_len), generator=torch.Generator().manual_seed(seed)))
+    data = data[:CALIBRATION_WINDOWS]
+    steps = {}
+    for name in config.methods.baselines:
+        cls = registry.get("baseline", name).obj
+        if not cls.in_budget:
+            continue
+        options = {**({cls.steps_option: sampling.diffusion_steps} if cls.steps_option else {}),
+                   **{option: getattr(sampling, option) for option in cls.token_sampling_options}}
+        one = _fit_seconds(cls, backbone, budget.replace(steps=1, checkpoint_every=1, epochs=1), seed, options, data)
+        two = _fit_seconds(cls, backbone, budget.replace(steps=2, checkpoint_every=2, epochs=1), seed, options, data)
+        steps[name] = max(two - one, 1e-6)
+    return steps
+
+
+def _fit_seconds(cls, backbone, budget, seed: int, options: dict, data) -> float:
+    """Seconds to build baseline ``cls`` and ``fit`` it under ``budget`` on ``data``."""
+    import torch
+
+    started = time.perf_counter()
+    torch.manual_seed(seed)
+    cls(backbone, budget, seed, **options).fit(data, progress=False)
+    return time.perf_counter() - started
 
 
 def _training_rate(spec, width: int, device, seed: int) -> float:
@@ -96,11 +140,21 @@ def _timed_rate(work, tokens: int, device, warm_up=None) -> float:
     return tokens / max(time.perf_counter() - started, 1e-9)
 
 
+def calibrate_run(run) -> Throughput:
+    """:func:`calibrate` on a loaded run: its models, and its first seed's training windows for the
+    baselines' steps."""
+    from dihal_bench.study.protocol import matched_budget
+
+    seed = run.config.seeds[0]
+    windows = run.train_sequences(matched_budget(run.config, seed, run.backbone.width), seed)
+    return calibrate(run.config, run.backbone, run.evaluator, seed=seed, sequences=windows)
+
+
 def run_throughput(run, calibrated: bool) -> Throughput:
     """The rates a run's estimate and progress bar use: measured on the run's own models when asked
     (``calibrated``), else the assumed ones."""
     if calibrated:
-        return calibrate(run.config, run.backbone, run.evaluator)
+        return calibrate_run(run)
     params = backbone_parameters(run.config.backbone) or float(run.backbone.num_parameters())
     return assumed_throughput(run.config, params)
 

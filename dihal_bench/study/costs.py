@@ -29,6 +29,9 @@ class Work:
     decode: int = 0
     evaluator: int = 0
     trained: int = 0
+    #: a baseline's training, which a calibration may have timed by the step: its name and steps
+    baseline: str | None = None
+    steps: int = 0
 
     @property
     def backbone_tokens(self) -> int:
@@ -75,8 +78,9 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
         if method is not None and method.trains_through_backbone:
             # a forward and a backward pass of the whole backbone per step: about three forward passes
             return Work(f"{budget.steps} steps through the backbone + {sampling.samples} samples",
-                        forward=3 * trained, decode=samples)
-        return Work(f"up to {budget.steps} steps + {sampling.samples} samples", decode=samples, trained=trained)
+                        forward=3 * trained, decode=samples, baseline=unit.label, steps=budget.steps)
+        return Work(f"up to {budget.steps} steps + {sampling.samples} samples", decode=samples, trained=trained,
+                    baseline=unit.label, steps=budget.steps)
     if unit.stage == "metrics":
         return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples * 2)
     return latency_work(config)

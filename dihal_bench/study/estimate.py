@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
@@ -67,23 +67,30 @@ def _device_kind(config: SuiteConfig) -> str:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Tokens per second of each kind of :class:`Work`, and where the figures come from."""
+    """Tokens per second of each kind of :class:`Work`, and where the figures come from; with
+    ``baseline_step``, the seconds a training step of each named baseline took when timed (its
+    training is then priced by its own step, not by the bridge's tokens per second)."""
 
     forward: float
     decode: float
     evaluator: float
     trained: float
     source: str
+    baseline_step: dict[str, float] = field(default_factory=dict)
 
     def seconds(self, work: Work) -> float:
-        return (work.forward / self.forward + work.decode / self.decode + work.evaluator / self.evaluator
-                + work.trained / self.trained)
+        decoded = work.decode / self.decode + work.evaluator / self.evaluator
+        step = self.baseline_step.get(work.baseline) if work.baseline else None
+        if step is not None:
+            return work.steps * step + decoded
+        return work.forward / self.forward + work.trained / self.trained + decoded
 
     def describe(self, params: float) -> str:
         flops = {kind: getattr(self, kind) * 2 * params for kind in ("forward", "decode", "evaluator")}
+        steps = "".join(f", {name} {seconds:.3g} s/step" for name, seconds in self.baseline_step.items())
         return (f"time: {self.source}: backbone forward {flops['forward']:.2e}, decode {flops['decode']:.2e}, "
                 f"evaluator {flops['evaluator']:.2e} FLOP/s (2 x backbone parameters per token), "
-                f"bridge training {self.trained:,.0f} tokens/s")
+                f"bridge training {self.trained:,.0f} tokens/s{steps}")
 
 
 def assumed_throughput(config: SuiteConfig, params: float) -> Throughput:
