@@ -67,9 +67,9 @@ def _baseline_steps(config: SuiteConfig, backbone, seed: int, sequences) -> dict
     import torch
 
     from dihal_bench.registry.plugins import get_registry
-    from dihal_bench.study.protocol import matched_budget
+    from dihal_bench.study.protocol import baseline_options, matched_budget
 
-    registry, sampling = get_registry(), config.sampling
+    registry = get_registry()
     budget = matched_budget(config, seed, backbone.width)
     # a few windows: enough for two steps and a vocabulary of a few thousand tokens (a compact-vocabulary
     # baseline's readout grows with it), few enough that what fit does per window stays seconds
@@ -81,8 +81,7 @@ def _baseline_steps(config: SuiteConfig, backbone, seed: int, sequences) -> dict
         cls = registry.get("baseline", name).obj
         if not cls.in_budget:
             continue
-        options = {**({cls.steps_option: sampling.diffusion_steps} if cls.steps_option else {}),
-                   **{option: getattr(sampling, option) for option in cls.token_sampling_options}}
+        options = baseline_options(config, name)
         one = _fit_seconds(cls, backbone, budget.replace(steps=1, checkpoint_every=1, epochs=1), seed, options, data)
         two = _fit_seconds(cls, backbone, budget.replace(steps=2, checkpoint_every=2, epochs=1), seed, options, data)
         steps[name] = max(two - one, 1e-6)

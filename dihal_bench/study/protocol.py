@@ -11,6 +11,7 @@ import copy
 
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.hybrid.training import BridgeSpec
+from dihal_bench.registry.plugins import get_registry
 from dihal_bench.training.budget import Budget
 
 
@@ -35,3 +36,11 @@ def matched_budget(config: SuiteConfig, seed: int, width: int) -> Budget:
     if budget.param_allowance is None:
         budget = budget.replace(param_allowance=bridge_spec(config, "budget", seed).parameter_count(width))
     return budget
+
+
+def baseline_options(config: SuiteConfig, name: str) -> dict:
+    """The suite's sampling settings baseline ``name`` takes: ``sampling.diffusion_steps`` for its
+    diffusion steps option, ``sampling.temperature`` and ``top_p`` for its token sampler."""
+    cls, sampling = get_registry().get("baseline", name).obj, config.sampling
+    steps = {cls.steps_option: sampling.diffusion_steps} if cls.steps_option else {}
+    return {**steps, **{option: getattr(sampling, option) for option in cls.token_sampling_options}}

@@ -11,8 +11,8 @@ from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint
 from dihal_bench.hybrid.model import HybridLM, intact_control, skip_control
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
+from dihal_bench.study.protocol import baseline_options
 from dihal_bench.study.run import Run
-from dihal_bench.study.stages.methods import baseline_options
 from dihal_bench.training.budget import Budget
 
 #: tokens of the warm-up decode before latency is timed: enough to touch every code path
@@ -52,7 +52,7 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
                 hybrid = skip_control(run.backbone, method["layer"], sink_passthrough=spec.sink_passthrough)
             timed[name] = lambda n, t=length, h=hybrid: h.generate(n, t, seed=seed, batch_size=n)
         else:
-            baseline = registry.get("baseline", name).obj(run.backbone, budget, seed, **baseline_options(run, name))
+            baseline = registry.get("baseline", name).obj(run.backbone, budget, seed, **baseline_options(run.config, name))
             baseline.load(run.store.resolve(method["train"]["model_dir"]))
             timed[name] = lambda n, t=length, b=baseline: b.sample(n, t, seed, batch_size=n)
             if registry.get("baseline", name).obj.intact_backbone:

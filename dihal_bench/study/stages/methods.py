@@ -18,6 +18,7 @@ from dihal_bench.study.identities import (
     targets_identity,
 )
 from dihal_bench.study.jobs import spec_hash
+from dihal_bench.study.protocol import baseline_options
 from dihal_bench.study.run import Run
 from dihal_bench.study.samples import draw_samples, write_samples
 from dihal_bench.training.budget import Budget
@@ -110,7 +111,7 @@ def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     sampling = run.config.sampling
     cls = get_registry().get("baseline", name).obj
-    options = baseline_options(run, name)
+    options = baseline_options(run.config, name)
     # options that only shape sampling are in the sample job, so that changing them re-samples
     # the trained model rather than training it again
     sampling_only = {cls.steps_option, *cls.token_sampling_options}
@@ -145,9 +146,3 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
             "parameters": trained["parameters"], "samples": samples, "samples_job": spec_hash("samples", sample_job)}
 
-def baseline_options(run: Run, name: str) -> dict:
-    """The suite's sampling settings a baseline takes: ``sampling.diffusion_steps`` for its
-    diffusion steps option, ``sampling.temperature`` and ``top_p`` for its token sampler."""
-    cls, sampling = get_registry().get("baseline", name).obj, run.config.sampling
-    steps = {cls.steps_option: sampling.diffusion_steps} if cls.steps_option else {}
-    return {**steps, **{option: getattr(sampling, option) for option in cls.token_sampling_options}}
