@@ -523,8 +523,14 @@ def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
     rates = calibrate_run(run)
     assert all(0 < getattr(rates, kind) < float("inf") for kind in ("forward", "decode", "evaluator", "trained"))
     assert rates.source.startswith("measured on this machine (cpu")
-    # the trained baseline timed by its own step; the intact backbone trains nothing
-    assert set(rates.baseline_step) == {"ar-scratch"} and 0 < rates.baseline_step["ar-scratch"] < float("inf")
+    # the trained baseline timed by its own step; the intact backbone trains nothing; both timed decoding
+    timed = rates.baselines
+    assert set(timed) == {"ar-scratch", "ar-backbone"} and timed["ar-backbone"].step is None
+    assert 0 < timed["ar-scratch"].step < float("inf") and timed["ar-scratch"].per_window >= 0
+    assert all(0 < seconds < float("inf") for timing in timed.values()
+               for seconds in (timing.batch_decode, timing.single_decode))
+    # the bridge's evaluation, the targets job and locate's proxies over the candidate layers, timed
+    assert 0 < rates.evaluated < float("inf") and 0 < rates.extracted < float("inf") and rates.proxy_seconds > 0
 
 
 def test_run_takes_device_and_dtype(tiny_suite):

@@ -142,7 +142,9 @@ def test_the_assumed_rates_are_the_flops_over_the_assumed_throughput():
     assert scorer > 1.9 * params
     for unit in plan.seed_units(config):
         work = costs.unit_work(unit, config)
-        flops = (2 * params * (work.forward + work.decode) + 2 * scorer * work.evaluator
+        # a bridge's evaluation: three backbone passes per token; a baseline's decodes: decoded tokens
+        decoded = work.decode + sum(decodes.tokens for decodes in work.baseline_decodes)
+        flops = (2 * params * (work.forward + work.extracted + 3 * work.evaluated + decoded) + 2 * scorer * work.evaluator
                  + 6 * (params / 100) * work.trained)
         assert estimate.unit_seconds(unit, config, params) == pytest.approx(flops / estimate.THROUGHPUT["cpu"],
                                                                             rel=1e-12), unit.label
@@ -159,11 +161,31 @@ def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
     budget = costs.Budget.from_dict(config.budget)
     assert estimate.unit_seconds(units["dihal-chosen"], config, None, rates) == \
         pytest.approx(budget.steps * budget.tokens_per_step / 2000 + samples / 10)
-    # a baseline timed by the step: its steps at that time, its samples decoded; untimed ones by tokens
-    timed = dataclasses.replace(rates, baseline_step={"sed": 0.25})
-    assert estimate.unit_seconds(units["sed"], config, None, timed) == pytest.approx(budget.steps * 0.25 + samples / 10)
+    # a baseline timed by the step and the decode: its steps and its sampling batches at those times;
+    # untimed ones by tokens
+    timed = dataclasses.replace(rates, baselines={"sed": estimate.BaselineTiming(0.25, 0.01, 3.0, 0.5)})
+    batches = -(-config.sampling.samples // config.sampling.batch_size)
+    assert estimate.unit_seconds(units["sed"], config, None, timed) == pytest.approx(
+        budget.steps * 0.25 + budget.distinct_sequences * 0.01 + batches * 3.0)
     assert estimate.unit_seconds(units["diffusion-lm"], config, None, timed) == \
         estimate.unit_seconds(units["diffusion-lm"], config, None, rates)
+    # the latency job: sed's rounds at its timed decodes (one batch and one sequence each), the rest by tokens
+    repeats = config.metrics.latency_repeats
+    assert estimate.unit_seconds(units["latency"], config, None, timed) == pytest.approx(
+        estimate.unit_seconds(units["latency"], config, None, rates)
+        - repeats * 2 * config.sampling.seq_len * config.sampling.batch_size / 10 + repeats * (3.0 + 0.5))
+    # a timed evaluation, targets job and proxies replace the forward passes they were priced as, and
+    # price what the assumed rates leave out
+    sweep, targets, locate = units["sweep layer 1/29"], units["bridge targets T=64"], units["locate"]
+    evaluated = costs.unit_work(sweep, config).evaluated
+    measured = dataclasses.replace(rates, evaluated=100.0, extracted=250.0, proxy_seconds=42.0)
+    assert estimate.unit_seconds(sweep, config, None, measured) == pytest.approx(
+        estimate.unit_seconds(sweep, config, None, rates) - 3 * evaluated / 1000 + evaluated / 100)
+    extracted = costs.unit_work(targets, config).extracted
+    assert extracted > 0 and estimate.unit_seconds(targets, config, None, rates) == pytest.approx(extracted / 1000)
+    assert estimate.unit_seconds(targets, config, None, measured) == pytest.approx(extracted / 250)
+    assert estimate.unit_seconds(locate, config, None, measured) == pytest.approx(
+        estimate.unit_seconds(locate, config, None, rates) + 42.0)
     text = estimate.format_plan("diagnostic", config, rates)
     assert "time: measured here" in text
     total = sum(estimate.unit_seconds(unit, config, None, rates) for unit in units.values())

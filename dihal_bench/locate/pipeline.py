@@ -111,9 +111,7 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
     preprocessing variants, the top-channel shares)."""
     if backbone.num_layers < 3:
         raise DihalError(f"{backbone.name} has {backbone.num_layers} layers; locate needs at least 3")
-    selected = resolve_proxies(config.proxies)
-    measured = {**selected, **{name: spec for name, spec in resolve_proxies(REFERENCE_PROXIES).items()
-                               if name not in selected}}
+    selected, measured = measured_proxies(config)
     variants = check_variants(config.variants)
     check_drop_top(config.drop_top, backbone.width)
     for mode in {config.preprocessing, *variants}:  # fail before the slow part
@@ -128,22 +126,9 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
 
     candidates = range(1, backbone.num_layers)  # the hybrid keeps at least one upper layer
     hidden = {layer: states[layer] for layer in candidates}
-    origins = {name: proxy_origin(name) for name in measured}
-
-    def evaluate(proxies: dict, mode: str) -> dict:
-        return evaluate_proxies(hidden, proxies, config.params, mode, config.seed, progress, origins, config.drop_top)
-
-    started = time.perf_counter()
-    geometry = evaluate(measured, config.preprocessing)
-    proxy_seconds = time.perf_counter() - started
+    geometry, by_variant, timings = layer_geometry(hidden, config, selected, measured, variants, progress)
     layers = geometry["layers"]
     scores = score_proxies(geometry, selected, config.weights)
-
-    started = time.perf_counter()
-    by_variant = {mode: variant_entry(geometry if mode == config.preprocessing else evaluate(selected, mode),
-                                      selected, config.weights)
-                  for mode in variants}
-    variant_seconds = time.perf_counter() - started
     shares = channel_shares(hidden)
     return {
         "kind": "locate",
@@ -163,10 +148,37 @@ def locate(backbone: Backbone, corpus: Corpus, config: LocateConfig, progress: b
         "variants": by_variant,
         "top_channel_share": shares["top_channel_share"],
         "top_channel": shares["top_channel"],
-        "timings": {"extract_seconds": extract_seconds, "proxy_seconds": proxy_seconds,
-                    "variant_seconds": variant_seconds},
+        "timings": {"extract_seconds": extract_seconds, **timings},
         "environment": environment(),
     }
+
+
+def layer_geometry(hidden: dict, config: LocateConfig, selected: dict, measured: dict,
+                   variants: tuple[str, ...], progress: bool = False) -> tuple[dict, dict, dict]:
+    """The proxies' part of locate on the sampled states ``hidden`` (by layer): every ``measured``
+    proxy under the configured preprocessing, each variant's S(l) from the ``selected`` ones, and
+    the seconds each took (``proxy_seconds``, ``variant_seconds``). Each layer costs the same, so
+    the calibration times this on one layer."""
+    origins = {name: proxy_origin(name) for name in measured}
+
+    def evaluate(proxies: dict, mode: str) -> dict:
+        return evaluate_proxies(hidden, proxies, config.params, mode, config.seed, progress, origins, config.drop_top)
+
+    started = time.perf_counter()
+    geometry = evaluate(measured, config.preprocessing)
+    proxy_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    by_variant = {mode: variant_entry(geometry if mode == config.preprocessing else evaluate(selected, mode),
+                                      selected, config.weights)
+                  for mode in variants}
+    return geometry, by_variant, {"proxy_seconds": proxy_seconds, "variant_seconds": time.perf_counter() - started}
+
+
+def measured_proxies(config: LocateConfig) -> tuple[dict, dict]:
+    """(the proxies ``config`` selects, every proxy locate measures: those and the references)."""
+    selected = resolve_proxies(config.proxies)
+    return selected, {**selected, **{name: spec for name, spec in resolve_proxies(REFERENCE_PROXIES).items()
+                                     if name not in selected}}
 
 
 def score_proxies(geometry: dict, selected: dict, weights: dict[str, float]) -> np.ndarray:

@@ -1,36 +1,48 @@
 """The estimate's rates measured on this machine (``run --calibrate``, ``run --dry-run --calibrate``):
-a few timed forwards, decodes and training steps of the suite's own models, in seconds. Without it
-the estimate uses the assumed rates of ``dihal_bench.study.estimate``."""
+a few timed forwards, decodes and training steps of the suite's own models, each baseline's step and
+decode, a bridge's evaluation, a store of hidden states and locate's proxies on one layer, in seconds
+(minutes on a suite with LoRA rows, whose decode runs the whole backbone). Without it the estimate
+uses the assumed rates of ``dihal_bench.study.estimate``."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.study.estimate import (
+    BaselineTiming,
     Throughput,
     assumed_throughput,
     backbone_parameters,
 )
 from dihal_bench.training.budget import Budget
 
-#: tokens per sequence of the timed decode, and steps of the timed training: a few, so that the
-#: calibration takes seconds; the batch shapes are the suite's own, since a rate depends on them
-CALIBRATION_DECODE_TOKENS = 8
+#: tokens of the warm-up decodes, and steps of the timed bridge training: a few, so that the
+#: calibration takes seconds; the shapes are the suite's own, since a rate depends on them
+WARM_UP_TOKENS = 4
 CALIBRATION_STEPS = 3
+#: the steps a baseline's longer timed fit adds to its shorter one
+EXTRA_STEPS = 3
 #: training windows a baseline's timed steps draw from (at least two batches of every built-in suite)
 CALIBRATION_WINDOWS = 64
+#: windows of the timed bridge evaluation and of the timed extraction and store of bridge targets:
+#: enough that a pass runs at the batch sizes the jobs use
+CALIBRATION_EVAL_WINDOWS = 16
 
 
 def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None) -> Throughput:
     """Each kind of :class:`Work`'s rate measured on the loaded models in seconds: a forward pass
-    of the backbone and of the evaluator, a decode by the suite's bridge at the middle layer with
-    the suite's sample steps (what DiHAL's rows sample with), and a few training steps of that bridge
-    through the one training loop. Forwards run one batch of the suite's training budget (the shape
-    of the targets and evaluation passes). Each is timed after a warm-up call, which pays for lazy
-    setup. Each trained baseline of the suite is timed by the step through its own ``fit``
-    (:func:`_baseline_steps`), on ``sequences`` (the run's training windows) or random ids."""
+    of the backbone and of the evaluator, a decode of one sampling batch by the suite's bridge at the
+    middle layer with the suite's sample steps (what DiHAL's rows sample with), a few training steps of that bridge
+    through the one training loop, that bridge's validation measures (:func:`evaluate_layer`),
+    the extraction and store of bridge targets, and locate's proxies on one layer. Forwards run one
+    batch of the suite's training budget (the shape of the targets and evaluation passes). Each is
+    timed after a warm-up call, which pays for lazy setup. Each baseline of the suite is timed by
+    the step through its own ``fit`` and by its decode of one sampling batch and of one sequence
+    (:func:`_baseline_timings`), trained on ``sequences`` (the run's training windows) or random ids."""
     import torch
 
     from dihal_bench.hybrid.model import HybridLM
@@ -50,20 +62,29 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     torch.manual_seed(seed)
     bridge = spec.build(backbone.width).to(backbone.device)
     hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
-    rows = config.sampling.batch_size
-    decode = _timed_rate(lambda: hybrid.generate(rows, CALIBRATION_DECODE_TOKENS, seed=seed, batch_size=rows),
-                         rows * CALIBRATION_DECODE_TOKENS, backbone.device)
+    rows, length = config.sampling.batch_size, config.sampling.seq_len
+    # the whole sequence: a hybrid's decode step costs more the longer its prefix
+    decode = _timed_rate(lambda: hybrid.generate(rows, length, seed=seed, batch_size=rows), rows * length,
+                         backbone.device,
+                         warm_up=lambda: hybrid.generate(rows, WARM_UP_TOKENS, seed=seed, batch_size=rows))
+    windows = torch.randint(backbone.vocab_size, (CALIBRATION_EVAL_WINDOWS, shape.seq_len), generator=generator)
     return Throughput(forward=forward_rate(backbone), decode=decode, evaluator=forward_rate(evaluator),
                       trained=_training_rate(spec, backbone.width, backbone.device, seed),
                       source=f"measured on this machine ({backbone.device}, {config.dtype})",
-                      baseline_step=_baseline_steps(config, backbone, seed, sequences))
+                      baselines=_baseline_timings(config, backbone, seed, sequences),
+                      evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows),
+                      extracted=_extraction_rate(config, backbone, windows),
+                      proxy_seconds=_proxy_seconds(config, backbone, seed))
 
 
-def _baseline_steps(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, float]:
-    """Seconds per training step of each trained baseline of the suite: its ``fit`` for two steps
-    minus its ``fit`` for one, so that building it and what its ``fit`` does before the first step
-    (a vocabulary, LD4LG's feature extraction on these few windows) cancel out. A LoRA rival's step
-    runs the whole backbone forward and backward, seconds on a CPU; the others', a fraction of one."""
+def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:
+    """Each baseline of the suite timed through its own ``fit`` and ``sample``. A trained one's step:
+    its fit for five steps minus its fit for two, per step; what its fit does per training window before the
+    first step (a vocabulary, LD4LG's backbone features): its two-step fit on all the windows minus
+    on half of them, per window, so that building it cancels out. Then its decode of one sampling
+    batch and of one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA
+    rival's step runs the whole backbone forward and backward, seconds on a CPU, and its decode a
+    minute or more; the others' take a fraction of that."""
     import torch
 
     from dihal_bench.registry.plugins import get_registry
@@ -71,30 +92,107 @@ def _baseline_steps(config: SuiteConfig, backbone, seed: int, sequences) -> dict
 
     registry = get_registry()
     budget = matched_budget(config, seed, backbone.width)
+    sampling = config.sampling
     # a few windows: enough for two steps and a vocabulary of a few thousand tokens (a compact-vocabulary
     # baseline's readout grows with it), few enough that what fit does per window stays seconds
     data = (sequences if sequences is not None else torch.randint(
         backbone.vocab_size, (CALIBRATION_WINDOWS, budget.seq_len), generator=torch.Generator().manual_seed(seed)))
     data = data[:CALIBRATION_WINDOWS]
-    steps = {}
+    half = data[: len(data) // 2]
+    # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage, and three steps'
+    # difference stands above the noise of a shared machine where one step's did not
+    fewer, more = (budget.replace(steps=n, checkpoint_every=n, epochs=1) for n in (2, 2 + EXTRA_STEPS))
+    timings = {}
     for name in config.methods.baselines:
         cls = registry.get("baseline", name).obj
-        if not cls.in_budget:
-            continue
         options = baseline_options(config, name)
-        one = _fit_seconds(cls, backbone, budget.replace(steps=1, checkpoint_every=1, epochs=1), seed, options, data)
-        two = _fit_seconds(cls, backbone, budget.replace(steps=2, checkpoint_every=2, epochs=1), seed, options, data)
-        steps[name] = max(two - one, 1e-6)
-    return steps
+        step, per_window = None, 0.0
+        if cls.in_budget:
+            on_half, _ = _fit_seconds(cls, backbone, fewer, seed, options, half)
+            short, _ = _fit_seconds(cls, backbone, fewer, seed, options, data)
+            long, method = _fit_seconds(cls, backbone, more, seed, options, data)
+            step, per_window = max(long - short, 1e-6) / EXTRA_STEPS, max(short - on_half, 0.0) / (len(data) - len(half))
+        else:  # trains nothing; its fit may still count something (an n-gram reference's table)
+            _, method = _fit_seconds(cls, backbone, budget, seed, options, data)
+        method.sample(1, WARM_UP_TOKENS, seed, batch_size=1)
+        batch, single = (_seconds(lambda n=n, m=method: m.sample(n, sampling.seq_len, seed, batch_size=n), backbone.device)
+                         for n in (sampling.batch_size, 1))
+        timings[name] = BaselineTiming(step, per_window, batch, single)
+    return timings
 
 
-def _fit_seconds(cls, backbone, budget, seed: int, options: dict, data) -> float:
-    """Seconds to build baseline ``cls`` and ``fit`` it under ``budget`` on ``data``."""
+def _fit_seconds(cls, backbone, budget, seed: int, options: dict, data):
+    """Seconds to build baseline ``cls`` and ``fit`` it under ``budget`` on ``data``, and the fitted baseline."""
     import torch
 
     started = time.perf_counter()
     torch.manual_seed(seed)
-    cls(backbone, budget, seed, **options).fit(data, progress=False)
+    method = cls(backbone, budget, seed, **options)
+    method.fit(data, progress=False)
+    return time.perf_counter() - started, method
+
+
+def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
+    """Tokens per second of a bridge's validation measures (bridgeability, the hybrid's and the skip
+    control's perplexity, KL to the backbone) on ``windows``, at ``layer`` (the middle one: the
+    upper stack costs the swept layers' average)."""
+    from dihal_bench.hybrid.training import evaluate_layer, with_states
+
+    valid = with_states(backbone, windows, [layer], progress=False)
+    return _timed_rate(lambda: evaluate_layer(backbone, bridge, layer, spec, valid), windows.numel(), backbone.device)
+
+
+def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
+    """Tokens per second of a bridge-targets job on ``windows``: their states at as many layers as
+    the suite's job keeps (every swept layer and the embedding output), from a pass that stops at
+    the deepest, written as safetensors."""
+    from dihal_bench.base.files import write_safetensors_atomic
+    from dihal_bench.hybrid.training import with_states
+    from dihal_bench.study.plan import sweep_size
+
+    layers = list(range(1, max(sweep_size(config, backbone.num_layers), 1) + 1))
+
+    def extract_and_store(folder: Path) -> None:
+        states = with_states(backbone, windows, layers, progress=False)
+        for index, tensor in states.states.items():
+            write_safetensors_atomic(folder / f"layer-{index}.safetensors", {"states": tensor.contiguous()})
+
+    with tempfile.TemporaryDirectory() as folder:
+        return _timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device)
+
+
+def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
+    """Seconds of locate's proxies over every candidate layer: every proxy it measures, in every
+    preprocessing, timed on one layer of Gaussian states of its sample's size (a proxy's cost
+    depends on the shape, not the values) and multiplied by the candidate layers."""
+    import torch
+
+    from dihal_bench.locate.pipeline import (
+        check_variants,
+        layer_geometry,
+        measured_proxies,
+    )
+    from dihal_bench.study.stages.locate import locate_config
+
+    located = locate_config(config.locate, seed)
+    selected, measured = measured_proxies(located)
+    hidden = {1: torch.randn(located.tokens, backbone.width, generator=torch.Generator().manual_seed(seed))}
+    seconds = _seconds(lambda: layer_geometry(hidden, located, selected, measured, check_variants(located.variants)))
+    return seconds * (backbone.num_layers - 1)
+
+
+def _seconds(work, device=None) -> float:
+    """Seconds one call of ``work`` takes, with what it queued on a CUDA ``device`` finished."""
+    import torch
+
+    def synchronize():
+        if str(device).startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+    synchronize()
+    started = time.perf_counter()
+    work()
+    synchronize()
     return time.perf_counter() - started
 
 
@@ -125,18 +223,8 @@ def _training_rate(spec, width: int, device, seed: int) -> float:
 
 def _timed_rate(work, tokens: int, device, warm_up=None) -> float:
     """``tokens`` over the seconds one call of ``work`` takes, after one (warm-up) call."""
-    import torch
-
-    def synchronize():
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize(device)
-
     (warm_up or work)()
-    synchronize()
-    started = time.perf_counter()
-    work()
-    synchronize()
-    return tokens / max(time.perf_counter() - started, 1e-9)
+    return tokens / max(_seconds(work, device), 1e-9)
 
 
 def calibrate_run(run) -> Throughput:
@@ -163,8 +251,7 @@ def estimate_line(config: SuiteConfig, costs: dict[int, list[float]], throughput
     total = sum(map(sum, costs.values()))
     seeds = len(costs)
     return (f"running on {config.device} ({config.dtype}); estimated {total / 60:.0f} min for {seeds} "
-            f"seed{'s' if seeds > 1 else ''} ({throughput.source}), less for jobs the store already holds, "
-            "more for locate's proxies and the sweep's evaluation, which it does not price")
+            f"seed{'s' if seeds > 1 else ''} ({throughput.source}), less for jobs the store already holds")
 
 
 def stage_estimate(plans: dict[int, list], costs: dict[int, list[float]], throughput: Throughput) -> dict:

@@ -4,6 +4,7 @@ into seconds."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dihal_bench.config.settings import SuiteConfig, SweepSettings
@@ -19,23 +20,49 @@ def eval_windows(sweep: SweepSettings) -> int:
     return ALL_WINDOWS_ESTIMATE if sweep.eval_sequences == "all" else sweep.eval_sequences
 
 @dataclass(frozen=True)
+class BaselineDecodes:
+    """A baseline's sampling in a unit: ``batches`` decodes of the suite's sampling batch and
+    ``singles`` of one sequence, each ``seq_len`` tokens; ``tokens`` is what the assumed rates
+    price them as (a calibration times the baseline's own decode of each)."""
+
+    name: str
+    batches: int
+    singles: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Work:
     """What a unit costs, by the kind of token, since each kind runs at its own rate: batched
-    forwards of the frozen backbone, tokens decoded one position at a time, evaluator forwards,
-    and tokens a trainable part is trained on."""
+    forwards of the frozen backbone, tokens decoded one position at a time by a hybrid, evaluator
+    forwards, and tokens a trainable part is trained on; and the kinds of work a calibration times
+    as a whole (a baseline's step and decodes, a bridge's evaluation, stored states, locate's proxies)."""
 
     detail: str
     forward: int = 0
     decode: int = 0
     evaluator: int = 0
     trained: int = 0
-    #: a baseline's training, which a calibration may have timed by the step: its name and steps
+    #: a baseline's training, which a calibration may have timed by the step: its name, steps and
+    #: distinct training windows (what its fit prepares before the first step)
     baseline: str | None = None
     steps: int = 0
+    windows: int = 0
+    #: baselines' decodes, priced at each one's own timed decode when calibrated
+    baseline_decodes: tuple[BaselineDecodes, ...] = ()
+    #: tokens of the validation windows a bridge is evaluated on (bridgeability, the hybrid's and the
+    #: skip control's perplexity, KL): three backbone passes each unless an evaluation was timed
+    evaluated: int = 0
+    #: tokens of a bridge-targets job: a forward pass to the deepest kept layer, the states kept and
+    #: written (at the forward rate unless the job's own work was timed)
+    extracted: int = 0
+    #: locate's geometry proxies over every candidate layer (not priced unless timed)
+    proxies: bool = False
 
     @property
     def backbone_tokens(self) -> int:
-        return self.forward + self.decode + self.evaluator
+        return (self.forward + self.extracted + self.decode + self.evaluator + 3 * self.evaluated
+                + sum(d.tokens for d in self.baseline_decodes))
 
 def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
     """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
@@ -49,14 +76,16 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
     sweep_budget = Budget.from_dict(sweep.budget)
     samples = sampling.samples * sampling.seq_len
     if unit.stage == "locate":
-        return Work(f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", forward=locate.tokens * 2)
+        return Work(f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", forward=locate.tokens * 2,
+                    proxies=True)
     if unit.stage == "targets":
         length = unit.seq_len
         needed = max(b.distinct_sequences for b in target_budgets(config) if b.seq_len == length)
-        return Work("one forward pass over the training subset, stored", forward=needed * length)
+        return Work("one forward pass over the training subset, stored", extracted=needed * length)
     if unit.stage == "sweep":
         return Work(f"{sweep_budget.steps} steps{streamed(config)}",
-                    forward=eval_windows(sweep) * sweep_budget.seq_len * 3 + streamed_tokens(config, sweep_budget),
+                    evaluated=eval_windows(sweep) * sweep_budget.seq_len,
+                    forward=streamed_tokens(config, sweep_budget),
                     trained=sweep_budget.steps * sweep_budget.tokens_per_step)
     if unit.stage == "dihal" or unit.label == "control-regressor":
         return Work(f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
@@ -68,38 +97,43 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
         return Work(f"{sampling.samples} texts drawn, no model")
     if unit.stage == "steps":
         return Work(f"bridgeability + {sampling.samples} samples + Gen.PPL",
-                    forward=eval_windows(sweep) * budget.seq_len * 3, decode=samples, evaluator=samples * 2)
+                    evaluated=eval_windows(sweep) * budget.seq_len, decode=samples, evaluator=samples * 2)
     if unit.stage == "baselines":
         registration = get_registry().items["baseline"].get(unit.label)
         method = None if registration is None else registration.obj
+        decodes = (BaselineDecodes(unit.label, math.ceil(sampling.samples / sampling.batch_size), 0, samples),)
         if method is not None and not method.in_budget:
-            return Work(f"{sampling.samples} samples, nothing trained", decode=samples)
+            return Work(f"{sampling.samples} samples, nothing trained", baseline_decodes=decodes)
         trained = budget.steps * budget.tokens_per_step
         if method is not None and method.trains_through_backbone:
             # a forward and a backward pass of the whole backbone per step: about three forward passes
             return Work(f"{budget.steps} steps through the backbone + {sampling.samples} samples",
-                        forward=3 * trained, decode=samples, baseline=unit.label, steps=budget.steps)
-        return Work(f"up to {budget.steps} steps + {sampling.samples} samples", decode=samples, trained=trained,
-                    baseline=unit.label, steps=budget.steps)
+                        forward=3 * trained, baseline_decodes=decodes, baseline=unit.label, steps=budget.steps,
+                        windows=budget.distinct_sequences)
+        return Work(f"up to {budget.steps} steps + {sampling.samples} samples", trained=trained,
+                    baseline_decodes=decodes, baseline=unit.label, steps=budget.steps,
+                    windows=budget.distinct_sequences)
     if unit.stage == "metrics":
         return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples * 2)
     return latency_work(config)
 
 def latency_work(config: SuiteConfig) -> Work:
     """The latency job: every method that decodes (and the intact backbone, unless a baseline is
-    it) decodes ``seq_len`` tokens at batch 1 and at the batch size, once per round. A decode step
-    costs about the same at batch 1 as at the batch size for the models this runs on a CPU (its
-    cost is reading the weights), so each batch-1 step is counted as a batch step; the short
-    warm-up decode is left out."""
+    it) decodes ``seq_len`` tokens at batch 1 and at the batch size, once per round. A baseline's
+    decodes are priced at its own timed decodes when calibrated; otherwise, and for the hybrids, a
+    decode step is taken to cost about the same at batch 1 as at the batch size (on a CPU its cost
+    is reading the weights), so each batch-1 step is counted as a batch step. The short warm-up
+    decode is left out."""
     sampling, repeats = config.sampling, config.metrics.latency_repeats
     registry = get_registry().items["baseline"]
-    decoding = [name for name in method_names(config) if not name.startswith("reference-")]
-    intact = any(getattr(registry[name].obj, "intact_backbone", False) for name in config.methods.baselines
-                 if name in registry)
-    methods = len(decoding) + (0 if intact else 1)
-    steps = repeats * 2 * sampling.seq_len
+    baselines = [name for name in config.methods.baselines if name in registry]
+    hybrids = [name for name in method_names(config)
+               if not name.startswith("reference-") and name not in baselines]
+    intact = any(getattr(registry[name].obj, "intact_backbone", False) for name in baselines)
+    tokens = repeats * 2 * sampling.seq_len * sampling.batch_size
     return Work(f"{repeats} timed decodes per method, at batch 1 and {sampling.batch_size}",
-                decode=methods * steps * sampling.batch_size)
+                decode=(len(hybrids) + (0 if intact else 1)) * tokens,
+                baseline_decodes=tuple(BaselineDecodes(name, repeats, repeats, tokens) for name in baselines))
 
 def streamed(config: SuiteConfig) -> str:
     return ", targets streamed" if config.bridge.streams_targets else ""

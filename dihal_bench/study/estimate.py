@@ -21,6 +21,7 @@ from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.costs import (
+    BaselineDecodes,
     Work,
     unit_cost,
     unit_work,
@@ -66,31 +67,65 @@ def _device_kind(config: SuiteConfig) -> str:
     return "cuda" if str(config.device).startswith("cuda") else "cpu"
 
 @dataclass(frozen=True)
+class BaselineTiming:
+    """A baseline timed by a calibration: seconds per training step (None: it trains nothing),
+    seconds its ``fit`` spends per training window before the first step (a vocabulary, LD4LG's
+    backbone features), and seconds of its decode of one sampling batch and of one sequence."""
+
+    step: float | None
+    per_window: float
+    batch_decode: float
+    single_decode: float
+
+
+@dataclass(frozen=True)
 class Throughput:
-    """Tokens per second of each kind of :class:`Work`, and where the figures come from; with
-    ``baseline_step``, the seconds a training step of each named baseline took when timed (its
-    training is then priced by its own step, not by the bridge's tokens per second)."""
+    """Tokens per second of each kind of :class:`Work`, and where the figures come from. A
+    calibration adds what it timed as a whole: ``baselines``, each baseline's :class:`BaselineTiming`
+    (its training and sampling are then priced by its own step, setup and decodes, not by the
+    bridge's and the hybrid's rates); ``evaluated``, tokens per second of a bridge's validation
+    measures; ``extracted``, tokens per second of a bridge-targets job (states kept at every layer
+    it keeps, and written); ``proxy_seconds``, locate's proxies over every candidate layer. What was
+    not timed is priced as backbone forwards, or not at all (locate's proxies)."""
 
     forward: float
     decode: float
     evaluator: float
     trained: float
     source: str
-    baseline_step: dict[str, float] = field(default_factory=dict)
+    baselines: dict[str, BaselineTiming] = field(default_factory=dict)
+    evaluated: float | None = None
+    extracted: float | None = None
+    proxy_seconds: float = 0.0
 
     def seconds(self, work: Work) -> float:
-        decoded = work.decode / self.decode + work.evaluator / self.evaluator
-        step = self.baseline_step.get(work.baseline) if work.baseline else None
-        if step is not None:
-            return work.steps * step + decoded
-        return work.forward / self.forward + work.trained / self.trained + decoded
+        decoded = (work.decode / self.decode + work.evaluator / self.evaluator
+                   + sum(map(self._baseline_decode, work.baseline_decodes)))
+        evaluated = work.evaluated / self.evaluated if self.evaluated else 3 * work.evaluated / self.forward
+        extra = (decoded + evaluated + work.extracted / (self.extracted or self.forward)
+                 + (self.proxy_seconds if work.proxies else 0.0))
+        timed = self.baselines.get(work.baseline) if work.baseline else None
+        if timed is not None and timed.step is not None:
+            return work.steps * timed.step + work.windows * timed.per_window + extra
+        return work.forward / self.forward + work.trained / self.trained + extra
+
+    def _baseline_decode(self, decodes: BaselineDecodes) -> float:
+        timed = self.baselines.get(decodes.name)
+        if timed is None:
+            return decodes.tokens / self.decode
+        return decodes.batches * timed.batch_decode + decodes.singles * timed.single_decode
 
     def describe(self, params: float) -> str:
         flops = {kind: getattr(self, kind) * 2 * params for kind in ("forward", "decode", "evaluator")}
-        steps = "".join(f", {name} {seconds:.3g} s/step" for name, seconds in self.baseline_step.items())
+        steps = "".join(f", {name} {timed.step:.3g} s/step" for name, timed in self.baselines.items() if timed.step)
+        decodes = "".join(f", {name} {timed.batch_decode:.3g} s/sampling batch" for name, timed in self.baselines.items())
+        timed = "".join(text for value, text in (
+            (self.evaluated, f", bridge evaluation {self.evaluated or 0:,.0f} tokens/s"),
+            (self.extracted, f", bridge targets {self.extracted or 0:,.0f} tokens/s"),
+            (self.proxy_seconds, f", locate's proxies {self.proxy_seconds:.0f} s")) if value)
         return (f"time: {self.source}: backbone forward {flops['forward']:.2e}, decode {flops['decode']:.2e}, "
                 f"evaluator {flops['evaluator']:.2e} FLOP/s (2 x backbone parameters per token), "
-                f"bridge training {self.trained:,.0f} tokens/s{steps}")
+                f"bridge training {self.trained:,.0f} tokens/s{steps}{decodes}{timed}")
 
 
 def assumed_throughput(config: SuiteConfig, params: float) -> Throughput:
@@ -154,13 +189,13 @@ def format_plan(name: str, config: SuiteConfig, throughput: Throughput | None = 
         lines.append("\nmemory: unknown (the backbone's size is not in its name)")
     lines.append(throughput.describe(params or 0.0) if throughput is not None and params
                  else "time: unknown (the backbone's size is not in its name; --calibrate measures it)")
-    lines.append(UNPRICED)
+    if throughput is None or not throughput.proxy_seconds:
+        lines.append(UNPRICED)
     return "\n".join(lines)
 
-#: what the estimate leaves out, said next to it: on the smoke suite (2 shared CPU cores) locate's
-#: proxies took 15x its backbone pass, and a sweep layer's evaluation several times its training
-UNPRICED = ("not priced: locate's geometry proxies and the sweep's bridgeability and hybrid-perplexity "
-            "evaluation, so locate and sweep take several times their estimate (benchmarks/eta_bench.py)")
+#: what the assumed rates leave out, said next to them (benchmarks/eta_bench.py)
+UNPRICED = ("not priced: locate's geometry proxies, so locate takes several times its estimate; "
+            "--calibrate times them")
 
 #: the stages whose jobs are independent of each other, in the order they run (an executor
 #: runs a stage's jobs in parallel and waits for all of them before the next stage)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dihal_bench.config.settings import LocateSettings
 from dihal_bench.locate.pipeline import LocateConfig, locate
 from dihal_bench.study.run import Run
 
@@ -15,6 +16,11 @@ def locate_unit(run: Run, seed: int) -> dict:
     settings = run.config.locate
     # "sampler" names how locate picks its N tokens, so jobs of the older whole-split sampler are not reused
     spec = {**run.identity(), **settings.to_dict(), "seed": seed, "sampler": "fewest-sequences"}
-    return run.store.run("locate", spec, lambda _: locate(run.backbone, run.corpus, LocateConfig(
-        tokens=settings.tokens, seq_len=settings.seq_len, seed=seed, proxies=settings.proxies,
-        preprocessing=settings.preprocessing, variants=settings.variants, drop_top=settings.drop_top), run.progress))
+    return run.store.run("locate", spec, lambda _: locate(run.backbone, run.corpus, locate_config(settings, seed),
+                                                          run.progress))
+
+
+def locate_config(settings: LocateSettings, seed: int) -> LocateConfig:
+    """Locate's configuration from a suite's ``[locate]`` table."""
+    return LocateConfig(tokens=settings.tokens, seq_len=settings.seq_len, seed=seed, proxies=settings.proxies,
+                        preprocessing=settings.preprocessing, variants=settings.variants, drop_top=settings.drop_top)
