@@ -23,10 +23,19 @@ from pathlib import Path
 import common
 from tabulate import tabulate
 
-from dihal_bench.config.suite import apply_overrides, record_config, resolve_suite, resolved_config
-from dihal_bench.registry.resolve import describe_backbone, load_backbone
-from dihal_bench.study.calibration import calibrate
-from dihal_bench.study.estimate import assumed_throughput, backbone_parameters, unit_seconds
+from dihal_bench.config.suite import (
+    apply_overrides,
+    record_config,
+    resolve_suite,
+    resolved_config,
+)
+from dihal_bench.registry.resolve import describe_backbone
+from dihal_bench.study.calibration import calibrate_run
+from dihal_bench.study.estimate import (
+    assumed_throughput,
+    backbone_parameters,
+    unit_seconds,
+)
 from dihal_bench.study.plan import seed_units
 from dihal_bench.study.run import Run
 from dihal_bench.study.runner import run_suite
@@ -64,7 +73,7 @@ def table(estimates: dict[str, dict[str, float]], took: dict[str, float]) -> tup
     return [headers, *rows], report
 
 
-def from_record(path: Path, calibrated: bool, seed: int) -> tuple[dict, dict]:
+def from_record(path: Path, calibrated: bool) -> tuple[dict, dict]:
     """The estimate of a committed record's configuration against the stage times it recorded."""
     record = json.loads(path.read_text())
     config = record_config(record["config"], str(path))
@@ -77,11 +86,9 @@ def from_record(path: Path, calibrated: bool, seed: int) -> tuple[dict, dict]:
         estimates["own"] = {stage: own["stages"].get(stage, 0.0) for stage in STAGES if stage in own["stages"]}
         print(f"the run's own estimate: {own['source']}")
     estimates["assumed"] = stage_estimates(config, layers, assumed_throughput(config, params))
-    if calibrated:
-        backbone = load_backbone(config.backbone, device=config.device, dtype=config.dtype)
-        evaluator = backbone if config.evaluator == config.backbone else load_backbone(
-            config.evaluator, device=config.device, dtype=config.dtype)
-        rates = calibrate(config, backbone, evaluator, seed=seed)
+    if calibrated:  # the run's models and training windows, as `run --calibrate` measures them
+        with tempfile.TemporaryDirectory() as folder:
+            rates = calibrate_run(Run(record["suite"], config, Path(folder), progress=False))
         estimates["calibrated"] = stage_estimates(config, layers, rates)
         print(f"calibrated rates: {rates.describe(params)}")
     rows, report = table(estimates, record["timings"])
@@ -102,7 +109,7 @@ def main() -> None:
                         help="with --record: also the estimate from rates measured on this machine now")
     args = parser.parse_args()
     if args.record is not None:
-        report, settings = from_record(args.record, args.calibrate, args.seed)
+        report, settings = from_record(args.record, args.calibrate)
         common.report("eta", {"stages": report}, settings, args.json)
         return
     name, config = resolve_suite(args.suite)
@@ -113,7 +120,7 @@ def main() -> None:
     config = resolved_config(apply_overrides(config, {**sets, "seeds": f"[{args.seed}]"}))
     with tempfile.TemporaryDirectory() as folder:
         run = Run(name, config, Path(folder) / "runs", progress=False)
-        measured_rates = calibrate(config, run.backbone, run.evaluator, seed=args.seed)
+        measured_rates = calibrate_run(run)
         params = backbone_parameters(config.backbone) or float(run.backbone.num_parameters)
         calibrated = stage_estimates(config, run.backbone.num_layers, measured_rates)
         assumed = stage_estimates(config, run.backbone.num_layers, assumed_throughput(config, params))
