@@ -531,6 +531,7 @@ def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
                for seconds in (timing.batch_decode, timing.single_decode))
     # the bridge's evaluation, the targets job and locate's proxies over the candidate layers, timed
     assert 0 < rates.evaluated < float("inf") and 0 < rates.extracted < float("inf") and rates.proxy_seconds > 0
+    assert 0 < rates.single_decode < float("inf")
 
 
 def test_run_takes_device_and_dtype(tiny_suite):

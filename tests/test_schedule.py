@@ -143,7 +143,7 @@ def test_the_assumed_rates_are_the_flops_over_the_assumed_throughput():
     for unit in plan.seed_units(config):
         work = costs.unit_work(unit, config)
         # a bridge's evaluation: three backbone passes per token; a baseline's decodes: decoded tokens
-        decoded = work.decode + sum(decodes.tokens for decodes in work.baseline_decodes)
+        decoded = work.decode + work.single_tokens + sum(decodes.tokens for decodes in work.baseline_decodes)
         flops = (2 * params * (work.forward + work.extracted + 3 * work.evaluated + decoded) + 2 * scorer * work.evaluator
                  + 6 * (params / 100) * work.trained)
         assert estimate.unit_seconds(unit, config, params) == pytest.approx(flops / estimate.THROUGHPUT["cpu"],
@@ -174,6 +174,12 @@ def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
     assert estimate.unit_seconds(units["latency"], config, None, timed) == pytest.approx(
         estimate.unit_seconds(units["latency"], config, None, rates)
         - repeats * 2 * config.sampling.seq_len * config.sampling.batch_size / 10 + repeats * (3.0 + 0.5))
+    # a hybrid's batch-1 rounds at its timed one-sequence decode: five hybrid rows, two rounds each
+    hybrids = len(config.methods.dihal) + len(config.methods.controls)
+    single = dataclasses.replace(rates, single_decode=0.5)
+    assert estimate.unit_seconds(units["latency"], config, None, single) == pytest.approx(
+        estimate.unit_seconds(units["latency"], config, None, rates)
+        - hybrids * repeats * config.sampling.seq_len * config.sampling.batch_size / 10 + hybrids * repeats * 0.5)
     # a timed evaluation, targets job and proxies replace the forward passes they were priced as, and
     # price what the assumed rates leave out
     sweep, targets, locate = units["sweep layer 1/29"], units["bridge targets T=64"], units["locate"]

@@ -35,9 +35,10 @@ CALIBRATION_EVAL_WINDOWS = 16
 
 def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None) -> Throughput:
     """Each kind of :class:`Work`'s rate measured on the loaded models in seconds: a forward pass
-    of the backbone and of the evaluator, a decode of one sampling batch by the suite's bridge at the
-    middle layer with the suite's sample steps (what DiHAL's rows sample with), a few training steps of that bridge
-    through the one training loop, that bridge's validation measures (:func:`evaluate_layer`),
+    of the backbone and of the evaluator, a decode of one sampling batch and of one sequence by the
+    suite's bridge at the middle layer with the suite's sample steps (what DiHAL's rows sample
+    with), a few training steps of that bridge through the one training loop, that bridge's
+    validation measures (:func:`evaluate_layer`),
     the extraction and store of bridge targets, and locate's proxies on one layer. Forwards run one
     batch of the suite's training budget (the shape of the targets and evaluation passes). Each is
     timed after a warm-up call, which pays for lazy setup. Each baseline of the suite is timed by
@@ -67,6 +68,7 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     decode = _timed_rate(lambda: hybrid.generate(rows, length, seed=seed, batch_size=rows), rows * length,
                          backbone.device,
                          warm_up=lambda: hybrid.generate(rows, WARM_UP_TOKENS, seed=seed, batch_size=rows))
+    single = _seconds(lambda: hybrid.generate(1, length, seed=seed, batch_size=1), backbone.device)
     windows = torch.randint(backbone.vocab_size, (CALIBRATION_EVAL_WINDOWS, shape.seq_len), generator=generator)
     return Throughput(forward=forward_rate(backbone), decode=decode, evaluator=forward_rate(evaluator),
                       trained=_training_rate(spec, backbone.width, backbone.device, seed),
@@ -74,7 +76,7 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
                       baselines=_baseline_timings(config, backbone, seed, sequences),
                       evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows),
                       extracted=_extraction_rate(config, backbone, windows),
-                      proxy_seconds=_proxy_seconds(config, backbone, seed))
+                      proxy_seconds=_proxy_seconds(config, backbone, seed), single_decode=single)
 
 
 def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:

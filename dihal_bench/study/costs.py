@@ -50,6 +50,10 @@ class Work:
     windows: int = 0
     #: baselines' decodes, priced at each one's own timed decode when calibrated
     baseline_decodes: tuple[BaselineDecodes, ...] = ()
+    #: a hybrid's decodes of one sequence (the latency job's batch-1 rounds): priced at the timed
+    #: one-sequence decode when calibrated, else as ``single_tokens`` decoded tokens
+    single_decodes: int = 0
+    single_tokens: int = 0
     #: tokens of the validation windows a bridge is evaluated on (bridgeability, the hybrid's and the
     #: skip control's perplexity, KL): three backbone passes each unless an evaluation was timed
     evaluated: int = 0
@@ -61,8 +65,8 @@ class Work:
 
     @property
     def backbone_tokens(self) -> int:
-        return (self.forward + self.extracted + self.decode + self.evaluator + 3 * self.evaluated
-                + sum(d.tokens for d in self.baseline_decodes))
+        return (self.forward + self.extracted + self.decode + self.single_tokens + self.evaluator
+                + 3 * self.evaluated + sum(d.tokens for d in self.baseline_decodes))
 
 def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
     """(what it does, tokens through the frozen backbone, tokens trained) for the estimate."""
@@ -119,21 +123,24 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
 
 def latency_work(config: SuiteConfig) -> Work:
     """The latency job: every method that decodes (and the intact backbone, unless a baseline is
-    it) decodes ``seq_len`` tokens at batch 1 and at the batch size, once per round. A baseline's
-    decodes are priced at its own timed decodes when calibrated; otherwise, and for the hybrids, a
-    decode step is taken to cost about the same at batch 1 as at the batch size (on a CPU its cost
-    is reading the weights), so each batch-1 step is counted as a batch step. The short warm-up
-    decode is left out."""
+    it) decodes ``seq_len`` tokens at batch 1 and at the batch size, once per round. Calibrated, a
+    baseline's decodes are priced at its own timed decodes and a hybrid's at the hybrid's timed
+    decodes of a batch and of one sequence. The assumed rates take a decode step to cost about the
+    same at batch 1 as at the batch size (on a CPU its cost is reading the weights), so each batch-1
+    decode is priced as a batch decode. The short warm-up decode is left out."""
     sampling, repeats = config.sampling, config.metrics.latency_repeats
     registry = get_registry().items["baseline"]
     baselines = [name for name in config.methods.baselines if name in registry]
     hybrids = [name for name in method_names(config)
                if not name.startswith("reference-") and name not in baselines]
     intact = any(getattr(registry[name].obj, "intact_backbone", False) for name in baselines)
-    tokens = repeats * 2 * sampling.seq_len * sampling.batch_size
+    batch = repeats * sampling.seq_len * sampling.batch_size  # one round's batch decode, over the rounds
+    singles = (len(hybrids) + (0 if intact else 1)) * repeats
     return Work(f"{repeats} timed decodes per method, at batch 1 and {sampling.batch_size}",
-                decode=(len(hybrids) + (0 if intact else 1)) * tokens,
-                baseline_decodes=tuple(BaselineDecodes(name, repeats, repeats, tokens) for name in baselines))
+                decode=singles * sampling.seq_len * sampling.batch_size, single_decodes=singles,
+                single_tokens=singles * sampling.seq_len * sampling.batch_size,
+                baseline_decodes=tuple(BaselineDecodes(name, repeats, repeats, 2 * batch) for name in baselines))
+
 
 def streamed(config: SuiteConfig) -> str:
     return ", targets streamed" if config.bridge.streams_targets else ""

@@ -84,7 +84,7 @@ class Throughput:
     calibration adds what it timed as a whole: ``baselines``, each baseline's :class:`BaselineTiming`
     (its training and sampling are then priced by its own step, setup and decodes, not by the
     bridge's and the hybrid's rates); ``evaluated``, tokens per second of a bridge's validation
-    measures; ``extracted``, tokens per second of a bridge-targets job (states kept at every layer
+    measures; ``single_decode``, seconds of a hybrid's decode of one sequence; ``extracted``, tokens per second of a bridge-targets job (states kept at every layer
     it keeps, and written); ``proxy_seconds``, locate's proxies over every candidate layer. What was
     not timed is priced as backbone forwards, or not at all (locate's proxies)."""
 
@@ -97,9 +97,12 @@ class Throughput:
     evaluated: float | None = None
     extracted: float | None = None
     proxy_seconds: float = 0.0
+    single_decode: float | None = None
 
     def seconds(self, work: Work) -> float:
-        decoded = (work.decode / self.decode + work.evaluator / self.evaluator
+        singles = (work.single_decodes * self.single_decode if self.single_decode is not None
+                   else work.single_tokens / self.decode)
+        decoded = (work.decode / self.decode + singles + work.evaluator / self.evaluator
                    + sum(map(self._baseline_decode, work.baseline_decodes)))
         evaluated = work.evaluated / self.evaluated if self.evaluated else 3 * work.evaluated / self.forward
         extra = (decoded + evaluated + work.extracted / (self.extracted or self.forward)
