@@ -81,9 +81,9 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
 
 def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:
     """Each baseline of the suite timed through its own ``fit`` and ``sample``. A trained one's step:
-    its fit for five steps minus its fit for two, per step; what its fit does per training window before the
-    first step (a vocabulary, LD4LG's backbone features): its two-step fit on all the windows minus
-    on half of them, per window, so that building it cancels out. Then its decode of one sampling
+    its fit for five steps minus its fit for two, per step; what its fit does per training window
+    before the first step (a vocabulary, LD4LG's backbone features): its two-step fit on all the
+    windows minus on half of them, per window, so that building it cancels out. Then its decode of one sampling
     batch and of one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA
     rival's step runs the whole backbone forward and backward, seconds on a CPU, and its decode a
     minute or more; the others' take a fraction of that."""
@@ -146,13 +146,15 @@ def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
 
 def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
     """Tokens per second of a bridge-targets job on ``windows``: their states at as many layers as
-    the suite's job keeps (every swept layer and the embedding output), from a pass that stops at
-    the deepest, written as safetensors."""
+    the suite's job keeps (every swept layer and the embedding output), the deepest of them, from a
+    pass that stops at the last (the worst-scored layer a suite sweeps is usually deep), written as
+    safetensors."""
     from dihal_bench.base.files import write_safetensors_atomic
     from dihal_bench.hybrid.training import with_states
     from dihal_bench.study.plan import sweep_size
 
-    layers = list(range(1, max(sweep_size(config, backbone.num_layers), 1) + 1))
+    kept = max(sweep_size(config, backbone.num_layers), 1)
+    layers = list(range(backbone.num_layers - kept, backbone.num_layers))
 
     def extract_and_store(folder: Path) -> None:
         states = with_states(backbone, windows, layers, progress=False)
