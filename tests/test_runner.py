@@ -517,8 +517,10 @@ def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
 
     _, config = resolve_suite(str(tiny_suite))
     # an allowance ar-scratch fits on the tiny model (d_model 48)
+    # a batch of 16: the timed fits' five steps need more than one pass over the 64 calibration windows
     config = apply_overrides(config, {"methods.baselines": '["ar-scratch", "ar-backbone"]',
-                                      "budget.param_allowance": "114816"})
+                                      "budget.param_allowance": "114816", "budget.batch_size": "16",
+                                      "budget.epochs": "40"})
     run = Run("tiny", resolved_config(config), Path("never-written"), progress=False)
     rates = calibrate_run(run)
     assert all(0 < getattr(rates, kind) < float("inf") for kind in ("forward", "decode", "evaluator", "trained"))

@@ -6,6 +6,7 @@ uses the assumed rates of ``dihal_bench.study.estimate``."""
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from dataclasses import replace
@@ -101,18 +102,21 @@ def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> di
         backbone.vocab_size, (CALIBRATION_WINDOWS, budget.seq_len), generator=torch.Generator().manual_seed(seed)))
     data = data[:CALIBRATION_WINDOWS]
     half = data[: len(data) // 2]
-    # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage, and three steps'
-    # difference stands above the noise of a shared machine where one step's did not
-    fewer, more = (budget.replace(steps=n, checkpoint_every=n, epochs=1) for n in (2, 2 + EXTRA_STEPS))
+
+    def steps(n: int, windows) -> Budget:  # as many passes over ``windows`` as n steps need
+        return budget.replace(steps=n, checkpoint_every=n, epochs=math.ceil(n * budget.batch_size / len(windows)))
+
     timings = {}
     for name in config.methods.baselines:
         cls = registry.get("baseline", name).obj
         options = baseline_options(config, name)
         step, per_window = None, 0.0
         if cls.in_budget:
-            on_half, _ = _fit_seconds(cls, backbone, fewer, seed, options, half)
-            short, _ = _fit_seconds(cls, backbone, fewer, seed, options, data)
-            long, method = _fit_seconds(cls, backbone, more, seed, options, data)
+            # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage, and three
+            # steps' difference stands above the noise of a shared machine where one step's did not
+            on_half, _ = _fit_seconds(cls, backbone, steps(2, half), seed, options, half)
+            short, _ = _fit_seconds(cls, backbone, steps(2, data), seed, options, data)
+            long, method = _fit_seconds(cls, backbone, steps(2 + EXTRA_STEPS, data), seed, options, data)
             step, per_window = max(long - short, 1e-6) / EXTRA_STEPS, max(short - on_half, 0.0) / (len(data) - len(half))
         else:  # trains nothing; its fit may still count something (an n-gram reference's table)
             _, method = _fit_seconds(cls, backbone, budget, seed, options, data)
