@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dihal_bench.config.settings import SuiteConfig
@@ -82,9 +82,10 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
 
 def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:
     """Each baseline of the suite timed through its own ``fit`` and ``sample``. A trained one's step:
-    its fit for five steps minus its fit for two, per step; what its fit does per training window
-    before the first step (a vocabulary, LD4LG's backbone features): its two-step fit on all the
-    windows minus on half of them, per window, so that building it cancels out. Then its decode of one sampling
+    its training loop's seconds in a five-step fit minus in a two-step fit, per step; what its fit
+    does per training window outside the loop (a vocabulary, LD4LG's backbone features): that time
+    in its two-step fit on all the windows minus on half of them, per window, so that building it
+    cancels out. Then its decode of one sampling
     batch and of one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA
     rival's step runs the whole backbone forward and backward, seconds on a CPU, and its decode a
     minute or more; the others' take a fraction of that."""
@@ -112,14 +113,16 @@ def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> di
         options = baseline_options(config, name)
         step, per_window = None, 0.0
         if cls.in_budget:
-            # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage, and three
-            # steps' difference stands above the noise of a shared machine where one step's did not
+            # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage. The steps are
+            # timed by the training loop (``TrainResult.wall_seconds``), apart from the setup around
+            # it, whose noise (LD4LG's features: seconds) would drown three steps of a small model
             on_half, _ = _fit_seconds(cls, backbone, steps(2, half), seed, options, half)
             short, _ = _fit_seconds(cls, backbone, steps(2, data), seed, options, data)
             long, method = _fit_seconds(cls, backbone, steps(2 + EXTRA_STEPS, data), seed, options, data)
-            step, per_window = max(long - short, 1e-6) / EXTRA_STEPS, max(short - on_half, 0.0) / (len(data) - len(half))
+            step = max(long.loop - short.loop, 1e-6) / EXTRA_STEPS
+            per_window = max(short.setup - on_half.setup, 0.0) / (len(data) - len(half))
         else:  # trains nothing; its fit may still count something (an n-gram reference's table)
-            _, method = _fit_seconds(cls, backbone, budget, seed, options, data)
+            method = _fit_seconds(cls, backbone, budget, seed, options, data)[1]
         method.sample(1, WARM_UP_TOKENS, seed, batch_size=1)
         batch, single = (_seconds(lambda n=n, m=method: m.sample(n, sampling.seq_len, seed, batch_size=n), backbone.device)
                          for n in (sampling.batch_size, 1))
@@ -127,15 +130,28 @@ def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> di
     return timings
 
 
+@dataclass(frozen=True)
+class FitTime:
+    """A timed ``fit``: seconds in its training loop, and around it (building the baseline and
+    preparing its data)."""
+
+    loop: float
+    setup: float
+
+
 def _fit_seconds(cls, backbone, budget, seed: int, options: dict, data):
-    """Seconds to build baseline ``cls`` and ``fit`` it under ``budget`` on ``data``, and the fitted baseline."""
+    """Baseline ``cls`` built and ``fit`` under ``budget`` on ``data``: its :class:`FitTime`, and the
+    fitted baseline. The loop's seconds are its ``TrainResult``'s (a fit that returns none counts
+    all its time as the loop's)."""
     import torch
 
     started = time.perf_counter()
     torch.manual_seed(seed)
     method = cls(backbone, budget, seed, **options)
-    method.fit(data, progress=False)
-    return time.perf_counter() - started, method
+    result = method.fit(data, progress=False)
+    total = time.perf_counter() - started
+    loop = getattr(result, "wall_seconds", total)
+    return FitTime(loop, total - loop), method
 
 
 def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
