@@ -25,8 +25,11 @@ from dihal_bench.training.budget import Budget
 #: calibration takes seconds; the shapes are the suite's own, since a rate depends on them
 WARM_UP_TOKENS = 4
 CALIBRATION_STEPS = 3
-#: the steps a baseline's longer timed fit adds to its shorter one
-EXTRA_STEPS = 3
+#: the longer timed fit of a baseline adds steps until they take about TIMED_SECONDS (judged by the
+#: shorter fit's loop), within these bounds: a step of a small model is a tenth of a second, and a
+#: few of them drown in the machine's noise; a LoRA rival's is seconds
+TIMED_SECONDS = 3.0
+EXTRA_STEPS = (3, 30)
 #: training windows a baseline's timed steps draw from (at least two batches of every built-in suite)
 CALIBRATION_WINDOWS = 64
 #: windows of the timed bridge evaluation and of the timed extraction and store of bridge targets:
@@ -82,13 +85,13 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
 
 def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:
     """Each baseline of the suite timed through its own ``fit`` and ``sample``. A trained one's step:
-    its training loop's seconds in a five-step fit minus in a two-step fit, per step; what its fit
-    does per training window outside the loop (a vocabulary, LD4LG's backbone features): that time
-    in its two-step fit on all the windows minus on half of them, per window, so that building it
-    cancels out. Then its decode of one sampling
-    batch and of one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA
-    rival's step runs the whole backbone forward and backward, seconds on a CPU, and its decode a
-    minute or more; the others' take a fraction of that."""
+    its training loop's seconds in a longer fit (steps worth about ``TIMED_SECONDS`` more) minus in
+    a two-step fit, per step; what its fit does per training window outside the loop (a vocabulary,
+    LD4LG's backbone features): that time in its two-step fit on all the windows minus on half of
+    them, per window, so that building it cancels out. Then its decode of one sampling batch and of
+    one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA rival's step runs the
+    whole backbone forward and backward, seconds on a CPU, and its decode a minute or more; the
+    others' take a fraction of that."""
     import torch
 
     from dihal_bench.registry.plugins import get_registry
@@ -113,13 +116,14 @@ def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> di
         options = baseline_options(config, name)
         step, per_window = None, 0.0
         if cls.in_budget:
-            # two steps and five: a two-stage baseline (LD4LG) needs a step for each stage. The steps are
+            # two steps, then more: a two-stage baseline (LD4LG) needs a step for each stage. The steps are
             # timed by the training loop (``TrainResult.wall_seconds``), apart from the setup around
             # it, whose noise (LD4LG's features: seconds) would drown three steps of a small model
             on_half, _ = _fit_seconds(cls, backbone, steps(2, half), seed, options, half)
             short, _ = _fit_seconds(cls, backbone, steps(2, data), seed, options, data)
-            long, method = _fit_seconds(cls, backbone, steps(2 + EXTRA_STEPS, data), seed, options, data)
-            step = max(long.loop - short.loop, 1e-6) / EXTRA_STEPS
+            extra = min(max(math.ceil(TIMED_SECONDS * 2 / max(short.loop, 1e-6)), EXTRA_STEPS[0]), EXTRA_STEPS[1])
+            long, method = _fit_seconds(cls, backbone, steps(2 + extra, data), seed, options, data)
+            step = max(long.loop - short.loop, 1e-6) / extra
             per_window = max(short.setup - on_half.setup, 0.0) / (len(data) - len(half))
         else:  # trains nothing; its fit may still count something (an n-gram reference's table)
             method = _fit_seconds(cls, backbone, budget, seed, options, data)[1]
