@@ -4,6 +4,7 @@ import json
 import math
 import os
 import stat
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -187,6 +188,42 @@ def train_until_killed_at_step_7(checkpoint_dir):
     with pytest.raises(Killed):
         train(toy_model(0), dies_at_step_7, toy_data(), BUDGET, checkpoint_dir=checkpoint_dir, progress=False)
     assert json.loads((checkpoint_dir / "trainer.json").read_text())["step"] == 6
+
+
+def test_a_resumed_job_counts_the_training_its_checkpoint_carries(tmp_path):
+    from dihal_bench.study.jobs import RESULT, JobStore
+    from dihal_bench.training.resumed import resumed_seconds
+
+    def slow(loss):  # every step takes at least 20 ms, so the seconds before a checkpoint are known to exceed 6 x 20 ms
+        def timed_loss(model, batch, generator):
+            time.sleep(0.02)
+            return loss(model, batch, generator)
+        return timed_loss
+
+    calls = []
+
+    def dies_at_step_7(model, batch, generator):
+        calls.append(1)
+        if len(calls) == 8:
+            raise Killed
+        return noisy_mse(model, batch, generator)
+
+    store, checkpoint = JobStore(tmp_path / "jobs"), tmp_path / "checkpoint"
+    with pytest.raises(Killed):  # the first attempt: its checkpoint is step 6
+        store.run("train", {"a": 1}, lambda folder: train(toy_model(0), slow(dies_at_step_7), toy_data(), BUDGET,
+                                                         checkpoint_dir=checkpoint, progress=False) and {})
+    earlier = json.loads((checkpoint / "trainer.json").read_text())["seconds"]
+    assert earlier >= 6 * 0.02
+
+    credited, started = resumed_seconds(), time.perf_counter()
+    store.run("train", {"a": 1}, lambda folder: train(toy_model(0), slow(noisy_mse), toy_data(), BUDGET,
+                                                     checkpoint_dir=checkpoint, progress=False) and {})
+    attempt = time.perf_counter() - started
+    assert resumed_seconds() - credited == earlier  # exactly what the checkpoint recorded
+    seconds = json.loads(next((tmp_path / "jobs").glob(f"*/{RESULT}")).read_text())["seconds"]
+    # steps 7-10 in this attempt, steps 1-6 before it: the job's seconds count both
+    assert earlier + 4 * 0.02 <= seconds <= earlier + attempt
+    assert json.loads((checkpoint / "trainer.json").read_text())["seconds"] >= earlier + 4 * 0.02
 
 
 def test_resume_after_interrupt_is_bitwise_identical(tmp_path):

@@ -40,6 +40,7 @@ from dihal_bench.base.files import (
     write_json_atomic,
 )
 from dihal_bench.errors import DihalError
+from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
 LOCK = ".lock"
@@ -59,11 +60,11 @@ _reused_seconds = 0.0
 
 def timed(fn: Callable, *args) -> tuple[object, float]:
     """``fn(*args)`` and the compute it stands for: its wall time plus the stored time of every
-    finished job it took from a store, so that a resumed run reports what its stages cost, not
-    only what was left of them."""
-    reused, started = _reused_seconds, time.perf_counter()
+    finished job it took from a store and the training time of every checkpoint it resumed from,
+    so that a resumed run reports what its stages cost, not only what was left of them."""
+    reused, resumed, started = _reused_seconds, resumed_seconds(), time.perf_counter()
     result = fn(*args)
-    return result, time.perf_counter() - started + _reused_seconds - reused
+    return result, time.perf_counter() - started + _reused_seconds - reused + resumed_seconds() - resumed
 
 
 def spec_hash(kind: str, spec: dict) -> str:
@@ -91,9 +92,10 @@ class JobStore:
             if result is not None:
                 return result
             write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
-            started = time.perf_counter()
+            # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
+            resumed, started = resumed_seconds(), time.perf_counter()
             result = work(folder)
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started + resumed_seconds() - resumed
             _uniform_modes(folder)
             write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                 "sha256": {"result": json_sha256(result),

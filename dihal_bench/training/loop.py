@@ -39,6 +39,7 @@ from dihal_bench.base.files import (
     write_text_atomic,
 )
 from dihal_bench.errors import DihalError
+from dihal_bench.training import resumed
 from dihal_bench.training.budget import Budget
 
 LossFn = Callable[[nn.Module, dict[str, Tensor], torch.Generator], Tensor]
@@ -139,10 +140,11 @@ def train(
     device = params[0].device
 
     losses: list[float] = []
-    resumed_from = None
+    resumed_from, earlier = None, 0.0
     if checkpoint_dir is not None:
-        losses = _resume(processes, Path(checkpoint_dir), model, optimizer, budget, desc)
+        losses, earlier = _resume(processes, Path(checkpoint_dir), model, optimizer, budget, desc)
         resumed_from = len(losses) or None
+        resumed.credit(earlier)
 
     started = time.perf_counter()
     model.train()
@@ -173,7 +175,8 @@ def train(
             done = step + 1
             if checkpoint_dir is not None and (done % budget.checkpoint_every == 0 or done == budget.steps):
                 if processes.is_main:
-                    _save_checkpoint(Path(checkpoint_dir), model, optimizer, budget, losses)
+                    _save_checkpoint(Path(checkpoint_dir), model, optimizer, budget, losses,
+                                     earlier + time.perf_counter() - started)
                 processes.barrier()
     finally:
         bar.close()
@@ -242,16 +245,18 @@ def _processes(budget: Budget, desc: str):
 
 
 def _resume(processes, directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget,
-            desc: str) -> list[float]:
-    """The losses of the checkpoint in ``directory`` loaded into model and optimizer, or [] to
-    start from step 0. The main process reads first, so that it alone warns about (and discards)
-    a damaged checkpoint; then every process must stand at the same step."""
+            desc: str) -> tuple[list[float], float]:
+    """The losses of the checkpoint in ``directory`` loaded into model and optimizer, and the
+    training seconds spent up to it; or ([], 0) to start from step 0. The main process reads first,
+    so that it alone warns about (and discards) a damaged checkpoint; then every process must stand
+    at the same step."""
     losses: list[float] = []
+    seconds = 0.0
     with processes.main_first():
         if (directory / TRAINER_FILE).exists():
-            losses = _load_checkpoint(directory, model, optimizer, budget, desc) or []
+            losses, seconds = _load_checkpoint(directory, model, optimizer, budget, desc) or ([], 0.0)
     processes.agree(len(losses), str(directory))
-    return losses
+    return losses, seconds
 
 
 def _shared_length(data: dict[str, Tensor]) -> int:
@@ -283,8 +288,11 @@ def _budget_identity(budget: Budget) -> dict:
 
 
 def _save_checkpoint(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget, losses: list[float]
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget, losses: list[float],
+    seconds: float,
 ) -> None:
+    """The checkpoint of ``losses``' step: trainable weights, optimizer state, and trainer.json (step,
+    budget, losses, the model's fingerprint, the training ``seconds`` up to here over every attempt)."""
     directory.mkdir(parents=True, exist_ok=True)
     model_tensors = {name: t.detach().contiguous() for name, t in _saved_tensors(model).items()}
     optimizer_tensors = {
@@ -299,6 +307,7 @@ def _save_checkpoint(
         "losses": losses,
         "model_fingerprint": fingerprint,
         "model_parameters": listing,
+        "seconds": seconds,
     }
 
     # trainer.json goes first and comes back last: while the tensor files are swapped, no
@@ -316,9 +325,10 @@ def _save_checkpoint(
 
 def _load_checkpoint(
     directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, budget: Budget, desc: str
-) -> list[float] | None:
-    """Load a matching checkpoint into model and optimizer and return the losses so far; or
-    None, with a warning, when the checkpoint is damaged and training must start over.
+) -> tuple[list[float], float] | None:
+    """Load a matching checkpoint into model and optimizer and return the losses so far and the
+    training seconds they took (0 for a checkpoint written before checkpoints kept them); or None,
+    with a warning, when the checkpoint is damaged and training must start over.
 
     A checkpoint of another budget or model is the user's to sort out: DihalError.
     """
@@ -354,7 +364,7 @@ def _load_checkpoint(
         _, index, name = key.split(".", 2)
         state.setdefault(int(index), {})[name] = tensor
     optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
-    return list(record["losses"])
+    return list(record["losses"]), float(record.get("seconds", 0.0))
 
 
 def _verified_record(directory: Path) -> tuple[dict | None, str | None]:
