@@ -175,18 +175,23 @@ class Killed(Exception):
     pass
 
 
-def train_until_killed_at_step_7(checkpoint_dir):
-    """Train toy_model(0) under BUDGET until an exception at step 7: the last checkpoint is step 6."""
+def dies_at_step_7(loss=noisy_mse):
+    """``loss`` that raises Killed at step 7 (its eighth call): the last checkpoint under BUDGET is step 6."""
     calls = []
 
-    def dies_at_step_7(model, batch, generator):
+    def dying(model, batch, generator):
         calls.append(1)
         if len(calls) == 8:
             raise Killed
-        return noisy_mse(model, batch, generator)
+        return loss(model, batch, generator)
 
+    return dying
+
+
+def train_until_killed_at_step_7(checkpoint_dir):
+    """Train toy_model(0) under BUDGET until an exception at step 7: the last checkpoint is step 6."""
     with pytest.raises(Killed):
-        train(toy_model(0), dies_at_step_7, toy_data(), BUDGET, checkpoint_dir=checkpoint_dir, progress=False)
+        train(toy_model(0), dies_at_step_7(), toy_data(), BUDGET, checkpoint_dir=checkpoint_dir, progress=False)
     assert json.loads((checkpoint_dir / "trainer.json").read_text())["step"] == 6
 
 
@@ -200,17 +205,9 @@ def test_a_resumed_job_counts_the_training_its_checkpoint_carries(tmp_path):
             return loss(model, batch, generator)
         return timed_loss
 
-    calls = []
-
-    def dies_at_step_7(model, batch, generator):
-        calls.append(1)
-        if len(calls) == 8:
-            raise Killed
-        return noisy_mse(model, batch, generator)
-
     store, checkpoint = JobStore(tmp_path / "jobs"), tmp_path / "checkpoint"
     with pytest.raises(Killed):  # the first attempt: its checkpoint is step 6
-        store.run("train", {"a": 1}, lambda folder: train(toy_model(0), slow(dies_at_step_7), toy_data(), BUDGET,
+        store.run("train", {"a": 1}, lambda folder: train(toy_model(0), dies_at_step_7(slow(noisy_mse)), toy_data(), BUDGET,
                                                          checkpoint_dir=checkpoint, progress=False) and {})
     earlier = json.loads((checkpoint / "trainer.json").read_text())["seconds"]
     assert earlier >= 6 * 0.02
