@@ -36,7 +36,7 @@ class Work:
     """What a unit costs, by the kind of token, since each kind runs at its own rate: batched
     forwards of the frozen backbone, tokens decoded one position at a time by a hybrid, evaluator
     forwards, and tokens a trainable part is trained on; and the kinds of work a calibration times
-    as a whole (a baseline's step and decodes, a bridge's evaluation, stored states, locate's proxies)."""
+    as a whole (a baseline's step and decodes, a bridge's evaluation, a bridge-targets job, locate's proxies)."""
 
     detail: str
     forward: int = 0
