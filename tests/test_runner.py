@@ -92,11 +92,12 @@ def test_a_reused_job_counts_the_seconds_it_took_when_it_was_done(tmp_path):
         time.sleep(0.2)
         return {"value": 1}
 
-    _, done = timed(store.run, "kind", {"a": 1}, slow)
+    _, done, _ = timed(store.run, "kind", {"a": 1}, slow)
     stored = json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())["seconds"]
-    _, reused = timed(store.run, "kind", {"a": 1}, slow)
+    _, reused, wall = timed(store.run, "kind", {"a": 1}, slow)
     assert done >= stored >= 0.2
     assert reused >= stored  # a resumed run's stage times include the work it found done
+    assert wall < 0.2  # ... and its wall time only what it spent now
 
 
 def test_job_store_redoes_a_job_whose_result_is_unreadable(tmp_path):
@@ -509,9 +510,26 @@ def test_the_bar_advances_by_each_units_estimated_seconds():
         Progress(plans, "test", enabled=False, costs={0: [1.0], 1: [1.0]})
 
 
+def test_work_found_in_the_store_shrinks_the_bar_instead_of_advancing_it():
+    from dihal_bench.study.executors.base import Item
+    from dihal_bench.study.plan import Unit
+    from dihal_bench.study.progress import Progress
+
+    plan = {1: [Unit("baselines", "ar-lora"), Unit("baselines", "ar2diff-lora"), Unit("metrics", "metrics")]}
+    progress = Progress(plan, "test", costs={1: [40.0, 40.0, 20.0]})
+    items = [Item(unit.label, (), 1) for unit in plan[1]]
+    progress.claim(items)
+    progress.finish(items[0], 4000.0, 0.01)  # reused from the store: its stored seconds, no wall time
+    progress.finish(items[1], 400.0, 100.0)  # resumed at three quarters of its training
+    # the bar counts only what this run did (10 of the 40 estimated), so its rate is this run's pace
+    assert progress.bar.total == pytest.approx(100.0 - 40.0 * (1 - 0.01 / 4000) - 30.0)
+    assert progress.bar.n == pytest.approx(10.0 + 40.0 * 0.01 / 4000)
+    assert progress.seconds[1] == {"baselines": 4400.0}  # the stage times keep the whole cost
+    progress.close()
+
+
 def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
-    from dihal_bench.config.suite import resolved_config
-    from dihal_bench.config.suite import apply_overrides
+    from dihal_bench.config.suite import apply_overrides, resolved_config
     from dihal_bench.study.calibration import calibrate_run
     from dihal_bench.study.run import Run
 

@@ -58,13 +58,15 @@ JOB_FORMAT = 2
 _reused_seconds = 0.0
 
 
-def timed(fn: Callable, *args) -> tuple[object, float]:
-    """``fn(*args)`` and the compute it stands for: its wall time plus the stored time of every
-    finished job it took from a store and the training time of every checkpoint it resumed from,
-    so that a resumed run reports what its stages cost, not only what was left of them."""
+def timed(fn: Callable, *args) -> tuple[object, float, float]:
+    """``fn(*args)``, the compute it stands for and its wall time. The compute is the wall time plus
+    the stored time of every finished job it took from a store and the training time of every
+    checkpoint it resumed from, so that a resumed run reports what its stages cost, not only what
+    was left of them; the wall time is what this process spent (what a run's ETA extrapolates)."""
     reused, resumed, started = _reused_seconds, resumed_seconds(), time.perf_counter()
     result = fn(*args)
-    return result, time.perf_counter() - started + _reused_seconds - reused + resumed_seconds() - resumed
+    wall = time.perf_counter() - started
+    return result, wall + _reused_seconds - reused + resumed_seconds() - resumed, wall
 
 
 def spec_hash(kind: str, spec: dict) -> str:

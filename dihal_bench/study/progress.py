@@ -55,13 +55,24 @@ class Progress:
         self._label = f"seed {item.seed}: {item.label}"
         self._show()
 
-    def finish(self, item: Item, seconds: float) -> None:
-        """``item`` is done after ``seconds`` of its own compute; its seed's stage gets them."""
+    def finish(self, item: Item, seconds: float, wall: float | None = None) -> None:
+        """``item`` is done after ``seconds`` of its own compute; its seed's stage gets them.
+
+        ``wall``: the part of them this run spent (the rest was found done in the store, or in
+        a checkpoint); that share of the unit's cost is taken off the bar's total instead of
+        advancing it, so the ETA extrapolates from work done now. A resumed run whose store held
+        40% of the plan would otherwise finish 40% in its first second and promise the rest at
+        that pace."""
         stage = self.stage_of[item.seed, item.label]
         self.seconds[item.seed][stage] = self.seconds[item.seed].get(stage, 0.0) + seconds
         self.done_units += 1
-        self.done_cost += self.cost_of[item.seed, item.label]
-        self.bar.update(self.cost_of[item.seed, item.label])
+        cost = self.cost_of[item.seed, item.label]
+        self.done_cost += cost
+        found = 0.0 if wall is None or seconds <= 0 else min(max(1.0 - wall / seconds, 0.0), 1.0)
+        if found:
+            self.bar.total -= cost * found
+            self.bar.refresh()
+        self.bar.update(cost * (1.0 - found))
         self._show()
 
     def _show(self) -> None:

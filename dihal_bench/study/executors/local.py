@@ -18,8 +18,8 @@ class LocalExecutor(Executor):
         for item in items:
             if self.progress is not None:
                 self.progress.start(item)
-            result, seconds = timed(fn, self.run, *item.args)
+            result, seconds, wall = timed(fn, self.run, *item.args)
             results.append(result)
             if self.progress is not None:
-                self.progress.finish(item, seconds)
+                self.progress.finish(item, seconds, wall)
         return results

@@ -59,10 +59,10 @@ class RunWorker:
         sees = lock.exists() and lock.read_text().strip() == holder
         return {"pid": os.getpid(), "host": socket.gethostname(), "sees_store": sees}
 
-    def work(self, index: int, fn, args: tuple) -> tuple[int, object, float]:
-        """``fn(run, *args)``, with its time on this worker (the stored time of the jobs it reused included)."""
-        result, seconds = timed(fn, self.run, *args)
-        return index, result, seconds
+    def work(self, index: int, fn, args: tuple) -> tuple[int, object, float, float]:
+        """``fn(run, *args)``, with its time on this worker (the stored time of the jobs it reused
+        included) and its wall time (:func:`timed`)."""
+        return (index, *timed(fn, self.run, *args))
 
 
 class RayExecutor(Executor):
@@ -178,17 +178,17 @@ class RayExecutor(Executor):
         try:
             status(0)
             for done in range(1, len(items) + 1):
-                index, results[index], seconds = self._next(pool, stage)
+                index, results[index], seconds, wall = self._next(pool, stage)
                 status(done)
                 bar.update(1)
                 if progress is not None:
-                    progress.finish(items[index], seconds)
+                    progress.finish(items[index], seconds, wall)
         finally:
             bar.close()
         return results
 
     @staticmethod
-    def _next(pool: ActorPool, stage: str) -> tuple[int, object, float]:
+    def _next(pool: ActorPool, stage: str) -> tuple[int, object, float, float]:
         """The next finished item; a unit's own error is raised as itself (a DihalError stays one
         line), a worker that died more than RESTARTS times as a DihalError."""
         try:
