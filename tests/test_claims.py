@@ -128,6 +128,29 @@ def test_the_baselines_claim_reads_the_papers_baselines_and_each_rival_is_its_ow
     assert by_rival["ar2diff-lora"].verdict == NOT_TESTED and "no committed record" in by_rival["ar2diff-lora"].measurement
 
 
+def test_a_suite_without_the_papers_baselines_answers_its_own_questions_not_the_papers_claims():
+    errors = [0.1 * layer for layer in LAYERS]
+    diagnostic = group_of([entry(1, [-e for e in errors], errors,
+                                 methods_for(1, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0))])
+    rivals_methods = methods_for(1, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0, others={"ar-lora": 4.5})
+    for dropped in ("sed", "dihal-oracle"):
+        rivals_methods.pop(dropped)
+    rivals = Group("rivals", "tiny", "tiny")
+    rivals.entries = [("rivals.json", entry(1, [-e for e in errors], errors, rivals_methods))]
+    rows = evaluate([diagnostic, rivals])
+    # the paper's method claims once, from the suite that runs its comparison; the rivals suite's
+    # DiHAL and regressor rows are the same samples again
+    for start in ("under", "geometry-chosen", "diffusion"):
+        assert [row.measurement.split(":")[0] for row in rows if row.claim.startswith(start)] == ["tiny (diagnostic)"]
+    # each run times its decodes afresh: one latency row per suite
+    assert [row.measurement.split(":")[0] for row in rows if row.claim.startswith("DiHAL is slower")] == [
+        "tiny (diagnostic)", "tiny (rivals)"]
+    assert next(row for row in rows if "fine-tuned" in row.claim).verdict == NO
+    only_rivals = evaluate([rivals])
+    assert [row.verdict for row in only_rivals if row.claim.startswith("under")] == [NOT_TESTED]
+    assert not any(row.claim.startswith(("geometry-chosen", "diffusion")) for row in only_rivals)
+
+
 def test_records_without_per_sample_nlls_are_not_tested_rather_than_given_a_number():
     errors = [0.1 * layer for layer in LAYERS]
     entries = [entry(seed, [-e for e in errors], errors,
