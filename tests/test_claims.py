@@ -14,13 +14,13 @@ from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard.claims import (
     END_MARKER,
+    NO,
     NOT_REPRODUCED,
     NOT_SHOWN,
-    NO,
     NOT_TESTED,
     REPRODUCED,
-    YES,
     START_MARKER,
+    YES,
     claims_markdown,
     embed,
     evaluate,
