@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import pytest
@@ -155,8 +156,12 @@ def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
     rates = estimate.Throughput(forward=1000.0, decode=10.0, evaluator=500.0, trained=2000.0, source="measured here")
     units = {unit.label: unit for unit in plan.seed_units(config)}
     samples = config.sampling.samples * config.sampling.seq_len
-    # metrics: the samples and their context under the evaluator alone
-    assert estimate.unit_seconds(units["metrics dihal-chosen"], config, None, rates) == pytest.approx(2 * samples / 500)
+    # metrics: the samples under the evaluator alone, and a share of the reference texts' pass, which
+    # a seed's 17 metrics jobs do once
+    rows = sum(1 for unit in units.values() if unit.stage == "metrics")
+    assert rows == 17
+    assert estimate.unit_seconds(units["metrics dihal-chosen"], config, None, rates) == \
+        pytest.approx((samples + math.ceil(samples / rows)) / 500)
     # DiHAL: its training at the training rate, its samples decoded
     budget = costs.Budget.from_dict(config.budget)
     assert estimate.unit_seconds(units["dihal-chosen"], config, None, rates) == \

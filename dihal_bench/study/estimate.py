@@ -80,7 +80,8 @@ class BaselineTiming:
 
 @dataclass(frozen=True)
 class Throughput:
-    """Tokens per second of each kind of :class:`Work`, and where the figures come from. A
+    """Tokens per second of each kind of :class:`Work`, and where the figures come from (a
+    calibrated ``evaluator`` rate is its scoring of sample texts, in backbone tokens). A
     calibration adds what it timed as a whole: ``baselines``, each baseline's :class:`BaselineTiming`
     (its training and sampling are then priced by its own step, setup and decodes, not by the
     bridge's and the hybrid's rates); ``evaluated``, tokens per second of a bridge's validation
