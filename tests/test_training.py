@@ -212,11 +212,13 @@ def test_a_resumed_job_counts_the_training_its_checkpoint_carries(tmp_path):
     earlier = json.loads((checkpoint / "trainer.json").read_text())["seconds"]
     assert earlier >= 6 * 0.02
 
-    credited, started = resumed_seconds(), time.perf_counter()
-    store.run("train", {"a": 1}, lambda folder: train(toy_model(0), slow(noisy_mse), toy_data(), BUDGET,
-                                                     checkpoint_dir=checkpoint, progress=False) and {})
+    credited, started, results = resumed_seconds(), time.perf_counter(), []
+    store.run("train", {"a": 1}, lambda folder: results.append(train(
+        toy_model(0), slow(noisy_mse), toy_data(), BUDGET, checkpoint_dir=checkpoint, progress=False)) or {})
     attempt = time.perf_counter() - started
     assert resumed_seconds() - credited == earlier  # exactly what the checkpoint recorded
+    # the training's own result, which records report, counts every attempt too
+    assert results[0].earlier_seconds == earlier and results[0].seconds == earlier + results[0].wall_seconds
     seconds = json.loads(next((tmp_path / "jobs").glob(f"*/{RESULT}")).read_text())["seconds"]
     # steps 7-10 in this attempt, steps 1-6 before it: the job's seconds count both
     assert earlier + 4 * 0.02 <= seconds <= earlier + attempt

@@ -267,7 +267,7 @@ def baseline_train(name, suite, backbone_name, corpus_name, seed, sets, epochs, 
     click.echo(tabulate(rows, headers=[name, "trainable parameters"]))
     allowance = model.budget.param_allowance
     click.echo(f"allowance {allowance:,} (±{model.budget.allowance_tolerance:.0%}); {result.steps_done} steps, "
-               f"{result.tokens_seen:,} tokens, {result.wall_seconds:.0f}s" if model.in_budget
+               f"{result.tokens_seen:,} tokens, {result.seconds:.0f}s" if model.in_budget
                else f"{name} trains nothing (reference outside the budget)")
     click.echo(f"wrote {out / 'model'}")
 

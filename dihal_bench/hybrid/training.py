@@ -151,7 +151,7 @@ def _training_stats(bridge: HiddenStateBridge, result) -> dict:
         "parameters": count_trainable(bridge),
         "steps": result.steps_done,
         "tokens_seen": result.tokens_seen,
-        "train_seconds": result.wall_seconds,
+        "train_seconds": result.seconds,
         "final_loss": sum(result.losses[-10:]) / len(result.losses[-10:]),
     }
 

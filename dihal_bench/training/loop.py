@@ -57,6 +57,13 @@ class TrainResult:
     tokens_seen: int  # nominal: sequences_seen x budget.seq_len, padding included
     wall_seconds: float  # this call only
     resumed_from_step: int | None  # None when training started from scratch
+    #: the training seconds the checkpoint it resumed from carried (earlier, interrupted attempts)
+    earlier_seconds: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """What the whole training took, over every attempt: what a record reports."""
+        return self.earlier_seconds + self.wall_seconds
 
 
 def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
@@ -190,6 +197,7 @@ def train(
         tokens_seen=len(losses) * budget.tokens_per_step,
         wall_seconds=time.perf_counter() - started,
         resumed_from_step=resumed_from,
+        earlier_seconds=earlier,
     )
 
 

@@ -126,7 +126,7 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
         result = baseline.fit(run.train_sequences(budget, seed), checkpoint_dir=folder / "checkpoint", progress=run.progress)
         baseline.save(folder / "model")
         return {"parameters": baseline.parameter_counts(), "steps": result.steps_done,
-                "tokens_seen": result.tokens_seen, "train_seconds": result.wall_seconds,
+                "tokens_seen": result.tokens_seen, "train_seconds": result.seconds,
                 "final_loss": (sum(result.losses[-10:]) / len(result.losses[-10:])) if result.losses else None,
                 "sampling_options": baseline.sampling_options(), "in_budget": baseline.in_budget,
                 "model_dir": run.store.relative(folder / "model")}

@@ -267,6 +267,7 @@ class LD4LG(DecoderInputOption, DiffusionBaseline):
             tokens_seen=first.tokens_seen + second.tokens_seen,
             wall_seconds=first.wall_seconds + second.wall_seconds,
             resumed_from_step=resumed,
+            earlier_seconds=first.earlier_seconds + second.earlier_seconds,
         )
 
     # -- sampling -----------------------------------------------------------------------------
