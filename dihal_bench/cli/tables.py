@@ -24,12 +24,19 @@ from dihal_bench.errors import DihalError
               help="Any of md, csv, html, latex; html also writes leaderboard.png, drawn from the same tables.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/leaderboards", show_default=True,
               help="Where the tables go (the committed ones: leaderboards).")
-def leaderboard(results_dir, formats, out_dir):
+@click.option("--readme", type=click.Path(dir_okay=False, exists=True),
+              help="Also rewrite this file's generated blocks from the same records: each <!-- results:GROUP:start "
+                   "--> … <!-- results:GROUP:end --> with that group's compact methods table, and the claims table.")
+def leaderboard(results_dir, formats, out_dir, readme):
     """Aggregate run records (mean ± std over seeds; pooled permutation and Holm p-values for the
     rank statistics) into method, layer and proxy tables, the page and its picture.
 
-    Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards`."""
+    Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards
+    --readme README.md`."""
+    from dihal_bench.base.files import write_bytes_atomic
     from dihal_bench.leaderboard import build_leaderboards
+    from dihal_bench.leaderboard.read import read_groups
+    from dihal_bench.leaderboard.readme import embed_results
     from dihal_bench.study.preflight import check_writable
 
     if not Path(results_dir).is_dir():
@@ -38,10 +45,16 @@ def leaderboard(results_dir, formats, out_dir):
     if unknown:
         raise DihalError(f"--format {', '.join(sorted(unknown))}: not one of md, csv, html, latex")
     check_writable(Path(out_dir), "output folder --out")
-
+    warn = lambda message: click.echo(f"Warning: {message}", err=True)  # noqa: E731
+    # the README's blocks first: a block naming no group fails before any file is written
+    text = None if readme is None else embed_results(Path(readme).read_text(encoding="utf-8"),
+                                                     read_groups(Path(results_dir), lambda _: None))
     paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
-                               warn=lambda message: click.echo(f"Warning: {message}", err=True))
+                               warn=warn)
     click.echo(f"wrote {len(paths)} files to {out_dir}")
+    if text is not None:
+        write_bytes_atomic(Path(readme), text.encode("utf-8"))
+        click.echo(f"wrote the result tables and the claims table into {readme}")
 
 
 @cli.command()

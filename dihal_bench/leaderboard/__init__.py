@@ -39,7 +39,7 @@ from dihal_bench.leaderboard.read import read_groups
 
 __all__ = ["PUBLISHED_FORMATS", "build_leaderboards"]
 
-#: What the publish step (``dihal-bench leaderboard --results results --out leaderboards``)
+#: What the publish step (``dihal-bench leaderboard --results results --out leaderboards --readme README.md``)
 #: writes: every format, so that no committed table is older than the page.
 PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.

@@ -198,15 +198,21 @@ def note(table: Table) -> str:
     return f"{seeds_note(table)} {table.note}" if pooled(table) else table.note
 
 
-def render_markdown(table: Table, group: Group) -> str:
-    # names are escaped; number cells are this module's own text, whose brackets (an interval)
-    # stay readable in the file
-    names = [column.kind == "text" for column in table.columns]
-    frame = cells(table, usual=table.seeds)
+def markdown_body(table: Table, columns: Sequence[Column] | None = None) -> str:
+    """The table's ``columns`` (all by default) as a Markdown pipe table, n said where it differs
+    from the table's. Names are escaped; number cells are this module's own text, whose brackets
+    (an interval) stay readable in the file."""
+    columns = table.columns if columns is None else columns
+    names = [column.kind == "text" for column in columns]
+    frame = cells(table, columns, usual=table.seeds)
     body = pd.DataFrame([[markdown_text(value) if is_name else value for value, is_name in zip(row, names)]
                          for row in frame.itertuples(index=False, name=None)],
                         columns=[markdown_text(header) for header in frame.columns])
-    body = body.to_markdown(index=False, disable_numparse=True)
+    return body.to_markdown(index=False, disable_numparse=True)
+
+
+def render_markdown(table: Table, group: Group) -> str:
+    body = markdown_body(table)
     source = provenance(group.sources, group.unverified)
     return (f"{markdown_text(source)}\n\n# {markdown_text(f'{table.title}: {group.title}')}\n\n"
             f"{markdown_text(note(table))}\n\n{body}\n")
