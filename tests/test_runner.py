@@ -482,7 +482,7 @@ def test_a_stopped_run_says_what_is_done_and_the_command_that_resumes(tiny_suite
 
 
 def test_a_run_reports_where_it_runs_and_its_estimate_before_any_work():
-    from dihal_bench.study.calibration import estimate_line
+    from dihal_bench.study.estimate import estimate_line
     from dihal_bench.study.estimate import Throughput
 
     _, config = resolve_suite("smoke")

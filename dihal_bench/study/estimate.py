@@ -262,3 +262,21 @@ def _duration(seconds: float | None) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def estimate_line(config: SuiteConfig, costs: dict[int, list[float]], throughput: Throughput) -> str:
+    """What a run says before it starts: where it runs and roughly how long it takes."""
+    total = sum(map(sum, costs.values()))
+    seeds = len(costs)
+    return (f"running on {config.device} ({config.dtype}); estimated {total / 60:.0f} min for {seeds} "
+            f"seed{'s' if seeds > 1 else ''} ({throughput.source}), less for jobs the store already holds")
+
+
+def stage_estimate(plans: dict[int, list], costs: dict[int, list[float]], throughput: Throughput) -> dict:
+    """What a run estimated before it started, as its record keeps it beside its ``timings``:
+    each stage's estimated seconds over all seeds, their total, and where the rates came from."""
+    stages: dict[str, float] = {}
+    for seed, plan in plans.items():
+        for unit, seconds in zip(plan, costs[seed], strict=True):
+            stages[unit.stage] = stages.get(unit.stage, 0.0) + seconds
+    return {"source": throughput.source, "stages": stages, "total_seconds": sum(stages.values())}

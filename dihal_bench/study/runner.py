@@ -28,8 +28,8 @@ from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.calibration import estimate_line, run_throughput, stage_estimate
-from dihal_bench.study.estimate import unit_seconds
+from dihal_bench.study.calibration import run_throughput
+from dihal_bench.study.estimate import estimate_line, stage_estimate, unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.plan import (
