@@ -45,12 +45,15 @@ def leaderboard(results_dir, formats, out_dir, readme):
     if unknown:
         raise DihalError(f"--format {', '.join(sorted(unknown))}: not one of md, csv, html, latex")
     check_writable(Path(out_dir), "output folder --out")
-    warn = lambda message: click.echo(f"Warning: {message}", err=True)  # noqa: E731
+
+    def warn(message: str) -> None:
+        click.echo(f"Warning: {message}", err=True)
+
+    groups = read_groups(Path(results_dir), warn)
     # the README's blocks first: a block naming no group fails before any file is written
-    text = None if readme is None else embed_results(Path(readme).read_text(encoding="utf-8"),
-                                                     read_groups(Path(results_dir), lambda _: None))
+    text = None if readme is None else embed_results(Path(readme).read_text(encoding="utf-8"), groups)
     paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
-                               warn=warn)
+                               warn=warn, groups=groups)
     click.echo(f"wrote {len(paths)} files to {out_dir}")
     if text is not None:
         write_bytes_atomic(Path(readme), text.encode("utf-8"))

@@ -35,7 +35,7 @@ from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
 from dihal_bench.leaderboard.page import render_page
 from dihal_bench.leaderboard.plot import PLOTS, page_picture, plots
-from dihal_bench.leaderboard.read import read_groups
+from dihal_bench.leaderboard.read import Group, read_groups
 
 __all__ = ["PUBLISHED_FORMATS", "build_leaderboards"]
 
@@ -59,8 +59,9 @@ def check_formats(formats: Iterable[str]) -> list[str]:
 
 
 def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] = ("md", "csv", "html"), *,
-                       warn: Callable[[str], None] = print) -> list[Path]:
-    """Aggregate the run records in ``results_dir`` into leaderboards under ``out_dir``.
+                       warn: Callable[[str], None] = print, groups: list[Group] | None = None) -> list[Path]:
+    """Aggregate the run records in ``results_dir`` into leaderboards under ``out_dir``
+    (``groups``: those records as ``read_groups`` gave them, for a caller that reads them itself).
 
     Writes, per (suite, backbone, evaluator) group, ``<group>/methods|layers|proxies.<ext>``
     in each of ``formats`` (md, csv, html, latex) and the PNG plots; plus ``index.md`` (with
@@ -69,7 +70,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     Warns about stale files (`stale_files`). Returns the written paths.
     """
     formats = check_formats(formats)
-    groups = read_groups(Path(results_dir), warn)
+    groups = read_groups(Path(results_dir), warn) if groups is None else groups
     files: dict[str, bytes] = {}
     built = []
     for group in groups:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dihal_bench.config.settings import SuiteConfig, SweepSettings
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.plan import Unit, method_names, seed_units, target_budgets
+from dihal_bench.study.plan import Unit, method_names, target_budgets
 from dihal_bench.training.budget import Budget
 
 #: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
@@ -119,7 +119,7 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
                     windows=budget.distinct_sequences)
     if unit.stage == "metrics":
         # the reference texts' pass is done once per seed (a worker keeps it), not once per job
-        rows = sum(1 for planned in seed_units(config) if planned.stage == "metrics")
+        rows = len(method_names(config))  # one metrics job per row of the methods table
         return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples + math.ceil(samples / rows))
     return latency_work(config)
 

@@ -69,9 +69,7 @@ class Progress:
         cost = self.cost_of[item.seed, item.label]
         self.done_cost += cost
         found = 0.0 if wall is None or seconds <= 0 else min(max(1.0 - wall / seconds, 0.0), 1.0)
-        if found:
-            self.bar.total -= cost * found
-            self.bar.refresh()
+        self.bar.total -= cost * found
         self.bar.update(cost * (1.0 - found))
         self._show()
 
