@@ -443,9 +443,34 @@ def test_a_geometry_only_record_gets_layer_and_proxy_tables_and_no_methods_table
     written, warnings = build(results, out)
     names = {path.name for path in written if path.parent.name == GROUP}
     assert warnings == [] and {"layers.md", "proxies.csv", "score_vs_bridge_mse.png"} <= names
-    assert not any(name.startswith(("methods", "metrics")) for name in names)
+    assert not any(name.startswith(("methods", "metrics", "steps")) for name in names)  # no steps axis either
     page = (out / "leaderboard.html").read_text()
     assert "Proxies" in page and "<h3>Methods" not in page
+
+
+
+def test_the_sampling_steps_axis_is_pooled_over_seeds_into_its_own_table(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    entries = []
+    for seed, shift in ((1, 0.0), (2, 0.2)):
+        entry = seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+        entry["steps_axis"] = [{"steps": k, "layer": 2, "sampler": "mean", "bridge_mse": 0.1 * k + shift,
+                                "gen_ppl": 100.0 * k + 100 * shift, "hybrid_ppl": 50.0} for k in (4, 1)]
+        entries.append(entry)
+    built = record(entries)
+    built["config"] = {"bridge": {"sample_steps": 4}}
+    (results / "steps.json").write_text(json.dumps(seal_record(built)))
+    out = tmp_path / "out"
+    written, warnings = build(results, out)
+    assert warnings == []
+    steps = pd.read_csv(out / GROUP / "steps.csv")
+    assert list(steps["steps"]) == ["1", "4 (the suite’s)"]  # sorted by K; the suite's own K marked
+    assert steps.loc[1, "bridge_mse_mean"] == pytest.approx(0.5) and steps.loc[1, "bridge_mse_n"] == 2
+    assert steps.loc[1, "bridge_mse_std"] == pytest.approx(0.2 / math.sqrt(2))
+    assert steps.loc[0, "gen_ppl_mean"] == pytest.approx(110.0)
+    assert steps.loc[0, "kl_to_backbone_n"] == 0  # a value no point reports: no number
+    assert "Sampling steps K" in (out / "leaderboard.html").read_text()
 
 
 # --- metric columns come from the records' metrics mapping --------------------------------------

@@ -72,3 +72,13 @@ def test_leaderboard_readme_fills_each_block_and_refuses_one_without_records(tmp
     assert readme.read_text(encoding="utf-8") == stale and not (tmp_path / "other").exists()
     with pytest.raises(DihalError, match="no run record makes that leaderboard group"):
         embed_results(stale, read_groups(results, quiet))
+    # a block naming a table its group lacks (the rivals suite has no sampling-steps axis)
+    lacking = before + f"<!-- results:{RIVALS}/steps:start -->\n<!-- results:{RIVALS}/steps:end -->\n"
+    with pytest.raises(DihalError, match=f"results:{RIVALS}/steps: that group has no 'steps' table"):
+        embed_results(lacking, read_groups(results, quiet))
+
+
+def test_a_block_can_hold_a_groups_whole_steps_table():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    steps = [block for block in BLOCK.finditer(readme) if block["table"] == "steps"]
+    assert steps and "| 4 (the suite’s)" in steps[0][0]

@@ -29,7 +29,7 @@ from dihal_bench.errors import DihalError
                    "--> … <!-- results:GROUP:end --> with that group's compact methods table, and the claims table.")
 def leaderboard(results_dir, formats, out_dir, readme):
     """Aggregate run records (mean ± std over seeds; pooled permutation and Holm p-values for the
-    rank statistics) into method, layer and proxy tables, the page and its picture.
+    rank statistics) into method, sampling-steps, layer and proxy tables, the page and its picture.
 
     Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards
     --readme README.md`."""

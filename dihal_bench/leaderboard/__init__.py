@@ -45,7 +45,7 @@ PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.
 TOP_LEVEL = {"index.md": "md", "leaderboard.html": "html", "leaderboard.png": "html"}
 #: The tables a group can have (`aggregate.tables`).
-TABLE_NAMES = ("methods", "metrics", "layers", "proxies")
+TABLE_NAMES = ("methods", "metrics", "steps", "layers", "proxies")
 
 
 def check_formats(formats: Iterable[str]) -> list[str]:
@@ -63,7 +63,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     """Aggregate the run records in ``results_dir`` into leaderboards under ``out_dir``
     (``groups``: those records as ``read_groups`` gave them, for a caller that reads them itself).
 
-    Writes, per (suite, backbone, evaluator) group, ``<group>/methods|layers|proxies.<ext>``
+    Writes, per (suite, backbone, evaluator) group, ``<group>/methods|metrics|steps|layers|proxies.<ext>``
     in each of ``formats`` (md, csv, html, latex) and the PNG plots; plus ``index.md`` (with
     md) and, with html, ``leaderboard.html``, every group on one self-contained page, and
     ``leaderboard.png``, its picture. Everything is rendered before anything is written.

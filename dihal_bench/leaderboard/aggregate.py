@@ -62,6 +62,14 @@ PROXIES_NOTE = (
     "dimensions weigh as they do for the proxies. Per-seed bootstrap intervals over layers are in "
     "the records; they are not shown, since a dozen designed layers are no sample to resample."
 )
+STEPS_NOTE = (
+    "DiHAL at ℓ* with one trained bridge sampled in K steps: the bridge's error on the validation "
+    "windows (standardised, and in the metric of trace preprocessing), the hybrid's teacher-forced "
+    "perplexity and KL to the backbone on the seeded windows, and the Gen.PPL of samples drawn with "
+    "that K, under the evaluator. The row marked \"the suite's\" is the K of every DiHAL row of the "
+    "methods table (the same samples). A K chosen on the data is chosen on a selection seed that the "
+    "pooled seeds leave out (the suite's file says which)."
+)
 #: permutations per pooled rank test, and their seed: fixed, so that the tables are reproducible
 RANK_TEST_PERMUTATIONS = 10_000
 RANK_TEST_SEED = 0
@@ -73,6 +81,15 @@ SWEEP_HEADERS = {
     "hybrid_ppl": "Hybrid PPL ↓",
     "kl_to_backbone": "KL to backbone ↓",
     "skip_ppl": "Skip PPL",
+}
+#: Steps-axis point key -> steps table header.
+STEPS_HEADERS = {
+    "gen_ppl": "Gen.PPL ↓",
+    "bridge_mse": "Bridge MSE ↓",
+    "bridge_mse_trace": "Bridge MSE, trace metric ↓",
+    "bridge_r2": "Bridge R² ↑",
+    "hybrid_ppl": "Hybrid PPL ↓",
+    "kl_to_backbone": "KL to backbone ↓",
 }
 #: At most this many metric columns in the table a reader ranks by (the first ones with a
 #: direction, in the records' order); the others are one click away, so the table fits a window.
@@ -263,6 +280,23 @@ def layer_table(group: Group) -> Table:
     return Table("layers", "Layers", LAYERS_NOTE, numbers, labels, columns, group.seeds)
 
 
+def steps_table(group: Group) -> Table:
+    """One row per (sampler, K) of the sampling-steps axis, each value pooled over the seeds."""
+    frame = pd.DataFrame(group.rows["steps"]).sort_values(["sampler", "steps"], kind="stable")
+    frame["point"] = frame["sampler"] + " " + frame["steps"].astype(str)
+    stats = summarise(frame, "point", list(STEPS_HEADERS))
+    points = frame.groupby("point", sort=False)
+    labels = {"steps": [f"{rows['steps'].iat[0]}{' (the suite’s)' if rows['suite_k'].any() else ''}"
+                        for _, rows in points],
+              "sampler": [rows["sampler"].iat[0] for _, rows in points],
+              "layer": [", ".join(map(str, sorted(set(rows["layer"])))) for _, rows in points]}
+    numbers = stats.reset_index().assign(**labels)[["point", *labels, *stats.columns]]
+    samplers = [Column("sampler", "Sampler", "text")] if frame["sampler"].nunique() > 1 else []
+    columns = [Column("steps", "K", "text"), *samplers, Column("layer", "ℓ*", "text"),
+               *(Column(key, header) for key, header in STEPS_HEADERS.items())]
+    return Table("steps", "Sampling steps K", STEPS_NOTE, numbers, labels, columns, group.seeds)
+
+
 def proxy_table(group: Group) -> Table:
     keys = ["spearman", "kendall", "partial_spearman_given_depth", "swept_layers"]
     frame = pd.DataFrame(group.rows["proxies"], columns=["record", "seed", "proxy", *keys])
@@ -331,9 +365,11 @@ def split_proxy_row(proxy: str) -> tuple[str, str]:
 
 
 def tables(group: Group) -> list[Table]:
-    """The group's tables; a geometry-only group (records without methods) has no methods table."""
+    """The group's tables; a geometry-only group (records without methods) has no methods table, a
+    suite without a sampling-steps axis no steps table."""
     methods = [method_table(group), metric_table(group)] if group.rows["methods"] else []
-    return [*methods, layer_table(group), proxy_table(group)]
+    steps = [steps_table(group)] if group.rows["steps"] else []
+    return [*methods, *steps, layer_table(group), proxy_table(group)]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -175,6 +175,7 @@ def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]
             f"{html.escape(provenance(group.sources, group.unverified))}</p>\n"
             + (table_block(tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
+            + (table_block(tables["steps"]) if "steps" in tables else "")
             + table_block(tables["proxies"]) + table_block(tables["layers"]) + "</section>\n")
 
 

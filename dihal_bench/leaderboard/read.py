@@ -51,10 +51,12 @@ CORRELATION_KEYS = ("spearman", "spearman_low", "spearman_high", "spearman_p", "
                     "kendall_high", "kendall_p", "partial_spearman_given_depth")
 #: The sweep's correlation sets: key -> the suffix of its proxy rows ("" for the standardised MSE).
 CORRELATION_SETS = {"correlations": "", "correlations_trace": " · trace-metric MSE"}
+#: Values of a sampling-steps point (ℓ*'s bridge sampled in K steps: `dihal_bench.hybrid.evaluation.steps_axis`).
+STEPS_KEYS = ("bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "gen_ppl")
 #: Keys of the layer and z-score rows besides the proxies': a proxy may not take one.
 LAYER_ROW_KEYS = {"record", "seed", "layer", "chosen", "score", *SWEEP_KEYS}
 #: The kinds of flat rows a record is read into.
-ROW_KINDS = ("methods", "layers", "proxies", "z")
+ROW_KINDS = ("methods", "layers", "proxies", "z", "steps")
 
 
 @dataclass
@@ -274,18 +276,20 @@ def _number(value) -> float:
 
 
 def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[int], list[str]]:
-    """One record as flat rows, one per (seed, method), (seed, layer), (seed, proxy) and
-    (seed, locate layer), each tagged with the record's file name and the seed; plus the
+    """One record as flat rows, one per (seed, method), (seed, layer), (seed, proxy), (seed, locate
+    layer) and (seed, sampling-steps point), each tagged with the record's file name and the seed; plus the
     record's seeds and its notes (why a seed has no rank correlations)."""
     rows: dict[str, list[dict]] = {kind: [] for kind in ROW_KINDS}
     seeds, notes = [], []
     metrics = list(record["metrics"])
+    suite_steps = (record["config"].get("bridge") or {}).get("sample_steps")
     for entry in record["per_seed"]:
         seed = _integer(entry["seed"], "seed")
         seeds.append(seed)
         tag = {"record": source, "seed": seed}
         rows["methods"] += [{**tag, "method": name, **method_values(method, metrics)}
                             for name, method in entry["methods"].items()]
+        rows["steps"] += [{**tag, **steps_values(point, suite_steps)} for point in entry.get("steps_axis") or []]
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
         rows["layers"] += [{**tag, **row} for row in layers]
         rows["z"] += [{**tag, **row} for row in z]
@@ -363,6 +367,13 @@ def method_values(method: dict, metrics: list[str]) -> dict:
             if not math.isnan(_number(value)):  # numbers only: lm-eval also reports aliases
                 values[f"lm_eval/{task}/{metric}"] = _number(value)
     return values
+
+
+def steps_values(point: dict, suite_steps) -> dict:
+    """A sampling-steps point's row; ``suite_k``: whether K is the one the suite's DiHAL rows use."""
+    steps = _integer(point["steps"], "steps-axis steps")
+    return {"steps": steps, "sampler": str(point.get("sampler") or ""), "suite_k": steps == suite_steps,
+            "layer": _integer(point["layer"], "steps-axis layer"), **{key: _number(point.get(key)) for key in STEPS_KEYS}}
 
 
 def layer_values(locate: dict, sweep_rows: list[dict]) -> tuple[list[dict], list[dict]]:
