@@ -254,6 +254,8 @@ def test_the_record_keeps_the_estimate_the_run_made_before_it_started(uninterrup
     assert estimate["total_seconds"] == pytest.approx(sum(estimate["stages"].values()))
     assert "assumed" in estimate["source"]  # no --calibrate
     assert estimate["stages"]["sweep"] > 0 and estimate["stages"]["references"] == 0  # drawing texts costs nothing
+    rates = estimate["rates"]  # what each stage was priced at, to trace an estimate that missed
+    assert rates["trained"] > 0 and rates["forward"] > 0 and rates["baselines"] == {}  # assumed: nothing timed whole
 
 
 def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninterrupted_record):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from tabulate import tabulate
 
@@ -274,9 +274,11 @@ def estimate_line(config: SuiteConfig, costs: dict[int, list[float]], throughput
 
 def stage_estimate(plans: dict[int, list], costs: dict[int, list[float]], throughput: Throughput) -> dict:
     """What a run estimated before it started, as its record keeps it beside its ``timings``:
-    each stage's estimated seconds over all seeds, their total, and where the rates came from."""
+    each stage's estimated seconds over all seeds, their total, where the rates came from and the
+    rates themselves (so that a stage's estimate that missed can be traced to the rate that did)."""
     stages: dict[str, float] = {}
     for seed, plan in plans.items():
         for unit, seconds in zip(plan, costs[seed], strict=True):
             stages[unit.stage] = stages.get(unit.stage, 0.0) + seconds
-    return {"source": throughput.source, "stages": stages, "total_seconds": sum(stages.values())}
+    rates = {key: value for key, value in asdict(throughput).items() if key != "source"}
+    return {"source": throughput.source, "stages": stages, "total_seconds": sum(stages.values()), "rates": rates}
