@@ -484,8 +484,7 @@ def test_a_stopped_run_says_what_is_done_and_the_command_that_resumes(tiny_suite
 
 
 def test_a_run_reports_where_it_runs_and_its_estimate_before_any_work():
-    from dihal_bench.study.estimate import estimate_line
-    from dihal_bench.study.estimate import Throughput
+    from dihal_bench.study.estimate import Throughput, estimate_line
 
     _, config = resolve_suite("smoke")
     rates = Throughput(forward=1e3, decode=1e2, evaluator=1e3, trained=1e3, source="assumed")

@@ -66,7 +66,7 @@ STEPS_NOTE = (
     "DiHAL at ℓ* with one trained bridge sampled in K steps: the bridge's error on the validation "
     "windows (standardised, and in the metric of trace preprocessing), the hybrid's teacher-forced "
     "perplexity and KL to the backbone on the seeded windows, and the Gen.PPL of samples drawn with "
-    "that K, under the evaluator. The row marked \"the suite's\" is the K of every DiHAL row of the "
+    "that K, under the evaluator. The row marked \"the suite’s\" is the K of every DiHAL row of the "
     "methods table (the same samples). A K chosen on the data is chosen on a selection seed that the "
     "pooled seeds leave out (the suite's file says which)."
 )

@@ -100,8 +100,9 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
     if unit.stage == "references":
         return Work(f"{sampling.samples} texts drawn, no model")
     if unit.stage == "steps":
+        # Gen.PPL alone: one scoring pass over the point's samples, no reference texts
         return Work(f"bridgeability + {sampling.samples} samples + Gen.PPL",
-                    evaluated=eval_windows(sweep) * budget.seq_len, decode=samples, evaluator=samples * 2)
+                    evaluated=eval_windows(sweep) * budget.seq_len, decode=samples, evaluator=samples)
     if unit.stage == "baselines":
         registration = get_registry().items["baseline"].get(unit.label)
         method = None if registration is None else registration.obj
