@@ -34,15 +34,15 @@ def results_table(group: Group) -> str:
     return f"{seeds_note(table)}\n\n{markdown_body(table, columns)}"
 
 
-#: the tables a ``results:FOLDER/TABLE`` block can hold whole, and the rows each is made of
-WHOLE_TABLES = {"steps": (steps_table, "steps"), "layers": (layer_table, "layers")}
+#: the tables a ``results:FOLDER/TABLE`` block can hold whole; each is made of the group's rows of its name
+WHOLE_TABLES = {"steps": steps_table, "layers": layer_table}
 
 
 def group_table(group: Group, name: str) -> str:
     """The group's table ``name`` whole, after the line that says what its cells are."""
-    build, rows = WHOLE_TABLES.get(name, (None, None))
-    if build is None or not group.rows[rows]:
-        have = [table for table, (_, kind) in WHOLE_TABLES.items() if group.rows[kind]]
+    build = WHOLE_TABLES.get(name)
+    if build is None or not group.rows[name]:
+        have = [table for table in WHOLE_TABLES if group.rows[table]]
         raise DihalError(f"README block results:{group.folder}/{name}: that group has no {name!r} table "
                          f"(a block can hold: {', '.join(have) or 'none'})")
     table = build(group)
