@@ -35,6 +35,13 @@ CALIBRATION_WINDOWS = 64
 #: windows of the timed bridge evaluation and of the timed extraction and store of bridge targets:
 #: enough that a pass runs at the batch sizes the jobs use
 CALIBRATION_EVAL_WINDOWS = 16
+#: the targets job and locate's proxies are timed this many times and the fastest taken: each is a
+#: second or two, and one timing of it moved by a factor of 2.6 (targets) and 1.7 (proxies) between two
+#: diagnostic runs on the same machine (benchmarks/results/eta_record.json), where their stages did not
+REPEATS = 3
+#: windows of the timed targets job: its fixed costs (one file per kept layer) are a larger share of
+#: a small pass than of the job's thousands of windows
+EXTRACTION_WINDOWS = 64
 
 
 def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None) -> Throughput:
@@ -73,13 +80,13 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
                          backbone.device,
                          warm_up=lambda: hybrid.generate(rows, WARM_UP_TOKENS, seed=seed, batch_size=rows))
     single = _seconds(lambda: hybrid.generate(1, length, seed=seed, batch_size=1), backbone.device)
-    windows = torch.randint(backbone.vocab_size, (CALIBRATION_EVAL_WINDOWS, shape.seq_len), generator=generator)
+    windows = torch.randint(backbone.vocab_size, (EXTRACTION_WINDOWS, shape.seq_len), generator=generator)
     return Throughput(forward=forward_rate(backbone), decode=decode,
                       evaluator=_scoring_rate(config, backbone, evaluator, ids if sequences is None else sequences),
                       trained=_training_rate(spec, backbone.width, backbone.device, seed),
                       source=f"measured on this machine ({backbone.device}, {config.dtype})",
                       baselines=_baseline_timings(config, backbone, seed, sequences),
-                      evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows),
+                      evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows[:CALIBRATION_EVAL_WINDOWS]),
                       extracted=_extraction_rate(config, backbone, windows),
                       proxy_seconds=_proxy_seconds(config, backbone, seed), single_decode=single)
 
@@ -204,13 +211,14 @@ def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
             write_safetensors_atomic(folder / f"layer-{index}.safetensors", {"states": tensor.contiguous()})
 
     with tempfile.TemporaryDirectory() as folder:
-        return _timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device)
+        return _timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device, repeats=REPEATS)
 
 
 def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
     """Seconds of locate's proxies over every candidate layer: every proxy it measures, in every
     preprocessing, timed on one layer of Gaussian states of its sample's size (a proxy's cost
-    depends on the shape, not the values) and multiplied by the candidate layers."""
+    depends on the shape, not the values), the fastest of ``REPEATS`` timings, and multiplied by the
+    candidate layers."""
     import torch
 
     from dihal_bench.locate.pipeline import (
@@ -223,7 +231,8 @@ def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
     located = locate_config(config.locate, seed)
     selected, measured = measured_proxies(located)
     hidden = {1: torch.randn(located.tokens, backbone.width, generator=torch.Generator().manual_seed(seed))}
-    seconds = _seconds(lambda: layer_geometry(hidden, located, selected, measured, check_variants(located.variants)))
+    variants = check_variants(located.variants)
+    seconds = _fastest(lambda: layer_geometry(hidden, located, selected, measured, variants), REPEATS)
     return seconds * (backbone.num_layers - 1)
 
 
@@ -240,6 +249,11 @@ def _seconds(work, device=None) -> float:
     work()
     synchronize()
     return time.perf_counter() - started
+
+
+def _fastest(work, repeats: int, device=None) -> float:
+    """The fewest seconds of ``repeats`` calls of ``work``: the machine's noise only ever adds time."""
+    return min(_seconds(work, device) for _ in range(repeats))
 
 
 def _training_rate(spec, width: int, device, seed: int) -> float:
@@ -267,10 +281,11 @@ def _training_rate(spec, width: int, device, seed: int) -> float:
                        warm_up=lambda: run(1))
 
 
-def _timed_rate(work, tokens: int, device, warm_up=None) -> float:
-    """``tokens`` over the seconds one call of ``work`` takes, after one (warm-up) call."""
+def _timed_rate(work, tokens: int, device, warm_up=None, repeats: int = 1) -> float:
+    """``tokens`` over the seconds a call of ``work`` takes (the fastest of ``repeats``), after one
+    (warm-up) call."""
     (warm_up or work)()
-    return tokens / max(_seconds(work, device), 1e-9)
+    return tokens / max(_fastest(work, repeats, device), 1e-9)
 
 
 def calibrate_run(run) -> Throughput:
