@@ -558,10 +558,10 @@ def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
 def test_a_noisy_timing_is_taken_at_its_fastest():
     # the targets job and the proxies are timed a few times: one slow call (another process took the
     # cores) must not set the rate; the fastest of the calls is the work's own cost
-    from dihal_bench.study.calibration import _fastest
+    from dihal_bench.base.timing import fastest
 
     delays = iter([0.5, 0.0, 0.0])
-    assert _fastest(lambda: time.sleep(next(delays)), repeats=3) < 0.25
+    assert fastest(lambda: time.sleep(next(delays)), repeats=3) < 0.25
 
 
 def test_run_takes_device_and_dtype(tiny_suite):

@@ -6,32 +6,23 @@ uses the assumed rates of ``dihal_bench.study.estimate``."""
 
 from __future__ import annotations
 
-import math
 import tempfile
-import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
+from dihal_bench.base.timing import WARM_UP_TOKENS, fastest, seconds, timed_rate
 from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.study.baseline_calibration import baseline_timings
 from dihal_bench.study.estimate import (
-    BaselineTiming,
     Throughput,
     assumed_throughput,
     backbone_parameters,
 )
 from dihal_bench.training.budget import Budget
 
-#: tokens of the warm-up decodes, and steps of the timed bridge training: a few, so that the
-#: calibration takes seconds; the shapes are the suite's own, since a rate depends on them
-WARM_UP_TOKENS = 4
+#: steps of the timed bridge training: a few, so that the calibration takes seconds; the shapes are
+#: the suite's own, since a rate depends on them
 CALIBRATION_STEPS = 3
-#: the longer timed fit of a baseline adds steps until they take about TIMED_SECONDS (judged by the
-#: shorter fit's loop), within these bounds: a step of a small model is a tenth of a second, and a
-#: few of them drown in the machine's noise; a LoRA rival's is seconds
-TIMED_SECONDS = 3.0
-EXTRA_STEPS = (3, 30)
-#: training windows a baseline's timed steps draw from (at least two batches of every built-in suite)
-CALIBRATION_WINDOWS = 64
 #: windows of the timed bridge evaluation and of the timed extraction and store of bridge targets:
 #: enough that a pass runs at the batch sizes the jobs use
 CALIBRATION_EVAL_WINDOWS = 16
@@ -54,7 +45,8 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     batch of the suite's training budget (the shape of the targets and evaluation passes). Each is
     timed after a warm-up call, which pays for lazy setup. Each baseline of the suite is timed by
     the step through its own ``fit`` and by its decode of one sampling batch and of one sequence
-    (:func:`_baseline_timings`), trained on ``sequences`` (the run's training windows) or random ids."""
+    (:func:`~dihal_bench.study.baseline_calibration.baseline_timings`), trained on ``sequences``
+    (the run's training windows) or random ids."""
     import torch
 
     from dihal_bench.hybrid.model import HybridLM
@@ -67,7 +59,7 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     def forward_rate(model) -> float:
         ids_of = ids.remainder(model.vocab_size).to(model.device)
         with torch.no_grad():
-            return _timed_rate(lambda: model.logits(ids_of), ids_of.numel(), model.device)
+            return timed_rate(lambda: model.logits(ids_of), ids_of.numel(), model.device)
 
     spec = bridge_spec(config, "budget", seed)
     layer = max(1, backbone.num_layers // 2)
@@ -76,94 +68,19 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
     rows, length = config.sampling.batch_size, config.sampling.seq_len
     # the whole sequence: a hybrid's decode step costs more the longer its prefix
-    decode = _timed_rate(lambda: hybrid.generate(rows, length, seed=seed, batch_size=rows), rows * length,
+    decode = timed_rate(lambda: hybrid.generate(rows, length, seed=seed, batch_size=rows), rows * length,
                          backbone.device,
                          warm_up=lambda: hybrid.generate(rows, WARM_UP_TOKENS, seed=seed, batch_size=rows))
-    single = _seconds(lambda: hybrid.generate(1, length, seed=seed, batch_size=1), backbone.device)
+    single = seconds(lambda: hybrid.generate(1, length, seed=seed, batch_size=1), backbone.device)
     windows = torch.randint(backbone.vocab_size, (EXTRACTION_WINDOWS, shape.seq_len), generator=generator)
     return Throughput(forward=forward_rate(backbone), decode=decode,
                       evaluator=_scoring_rate(config, backbone, evaluator, ids if sequences is None else sequences),
                       trained=_training_rate(spec, backbone.width, backbone.device, seed),
                       source=f"measured on this machine ({backbone.device}, {config.dtype})",
-                      baselines=_baseline_timings(config, backbone, seed, sequences),
+                      baselines=baseline_timings(config, backbone, seed, sequences),
                       evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows[:CALIBRATION_EVAL_WINDOWS]),
                       extracted=_extraction_rate(config, backbone, windows),
                       proxy_seconds=_proxy_seconds(config, backbone, seed), single_decode=single)
-
-
-def _baseline_timings(config: SuiteConfig, backbone, seed: int, sequences) -> dict[str, BaselineTiming]:
-    """Each baseline of the suite timed through its own ``fit`` and ``sample``. A trained one's step:
-    its training loop's seconds in a longer fit (steps worth about ``TIMED_SECONDS`` more) minus in
-    a two-step fit, per step; what its fit does per training window outside the loop (a vocabulary,
-    LD4LG's backbone features): that time in its two-step fit on all the windows minus on half of
-    them, per window, so that building it cancels out. Then its decode of one sampling batch and of
-    one sequence, ``seq_len`` tokens each, after a short warm-up decode. A LoRA rival's step runs the
-    whole backbone forward and backward, seconds on a CPU, and its decode a minute or more; the
-    others' take a fraction of that."""
-    import torch
-
-    from dihal_bench.registry.plugins import get_registry
-    from dihal_bench.study.protocol import baseline_options, matched_budget
-
-    registry = get_registry()
-    budget = matched_budget(config, seed, backbone.width)
-    sampling = config.sampling
-    # a few windows: enough for two steps and a vocabulary of a few thousand tokens (a compact-vocabulary
-    # baseline's readout grows with it), few enough that what fit does per window stays seconds
-    data = (sequences if sequences is not None else torch.randint(
-        backbone.vocab_size, (CALIBRATION_WINDOWS, budget.seq_len), generator=torch.Generator().manual_seed(seed)))
-    data = data[:CALIBRATION_WINDOWS]
-    half = data[: len(data) // 2]
-
-    def steps(n: int, windows) -> Budget:  # as many passes over ``windows`` as n steps need
-        return budget.replace(steps=n, checkpoint_every=n, epochs=math.ceil(n * budget.batch_size / len(windows)))
-
-    timings = {}
-    for name in config.methods.baselines:
-        cls = registry.get("baseline", name).obj
-        options = baseline_options(config, name)
-        step, per_window = None, 0.0
-        if cls.in_budget:
-            # two steps, then more: a two-stage baseline (LD4LG) needs a step for each stage. The steps are
-            # timed by the training loop (``TrainResult.wall_seconds``), apart from the setup around
-            # it, whose noise (LD4LG's features: seconds) would drown three steps of a small model
-            on_half, _ = _fit_seconds(cls, backbone, steps(2, half), seed, options, half)
-            short, _ = _fit_seconds(cls, backbone, steps(2, data), seed, options, data)
-            extra = min(max(math.ceil(TIMED_SECONDS * 2 / max(short.loop, 1e-6)), EXTRA_STEPS[0]), EXTRA_STEPS[1])
-            long, method = _fit_seconds(cls, backbone, steps(2 + extra, data), seed, options, data)
-            step = max(long.loop - short.loop, 1e-6) / extra
-            per_window = max(short.setup - on_half.setup, 0.0) / (len(data) - len(half))
-        else:  # trains nothing; its fit may still count something (an n-gram reference's table)
-            method = _fit_seconds(cls, backbone, budget, seed, options, data)[1]
-        method.sample(1, WARM_UP_TOKENS, seed, batch_size=1)
-        batch, single = (_seconds(lambda n=n, m=method: m.sample(n, sampling.seq_len, seed, batch_size=n), backbone.device)
-                         for n in (sampling.batch_size, 1))
-        timings[name] = BaselineTiming(step, per_window, batch, single)
-    return timings
-
-
-@dataclass(frozen=True)
-class FitTime:
-    """A timed ``fit``: seconds in its training loop, and around it (building the baseline and
-    preparing its data)."""
-
-    loop: float
-    setup: float
-
-
-def _fit_seconds(cls, backbone, budget, seed: int, options: dict, data):
-    """Baseline ``cls`` built and ``fit`` under ``budget`` on ``data``: its :class:`FitTime`, and the
-    fitted baseline. The loop's seconds are its ``TrainResult``'s (a fit that returns none counts
-    all its time as the loop's)."""
-    import torch
-
-    started = time.perf_counter()
-    torch.manual_seed(seed)
-    method = cls(backbone, budget, seed, **options)
-    result = method.fit(data, progress=False)
-    total = time.perf_counter() - started
-    loop = getattr(result, "wall_seconds", total)
-    return FitTime(loop, total - loop), method
 
 
 def _scoring_rate(config: SuiteConfig, backbone, evaluator, windows) -> float:
@@ -180,7 +97,7 @@ def _scoring_rate(config: SuiteConfig, backbone, evaluator, windows) -> float:
     def score(batch: list[str]) -> None:
         evaluate_texts(evaluator, batch, max_length=config.metrics.max_length)
 
-    return _timed_rate(lambda: score(texts), len(texts) * length, evaluator.device, warm_up=lambda: score(texts[:2]))
+    return timed_rate(lambda: score(texts), len(texts) * length, evaluator.device, warm_up=lambda: score(texts[:2]))
 
 
 def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
@@ -190,7 +107,7 @@ def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
     from dihal_bench.hybrid.training import evaluate_layer, with_states
 
     valid = with_states(backbone, windows, [layer], progress=False)
-    return _timed_rate(lambda: evaluate_layer(backbone, bridge, layer, spec, valid), windows.numel(), backbone.device)
+    return timed_rate(lambda: evaluate_layer(backbone, bridge, layer, spec, valid), windows.numel(), backbone.device)
 
 
 def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
@@ -211,7 +128,7 @@ def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
             write_safetensors_atomic(folder / f"layer-{index}.safetensors", {"states": tensor.contiguous()})
 
     with tempfile.TemporaryDirectory() as folder:
-        return _timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device, repeats=REPEATS)
+        return timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device, repeats=REPEATS)
 
 
 def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
@@ -232,28 +149,8 @@ def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
     selected, measured = measured_proxies(located)
     hidden = {1: torch.randn(located.tokens, backbone.width, generator=torch.Generator().manual_seed(seed))}
     variants = check_variants(located.variants)
-    seconds = _fastest(lambda: layer_geometry(hidden, located, selected, measured, variants), REPEATS)
+    seconds = fastest(lambda: layer_geometry(hidden, located, selected, measured, variants), REPEATS)
     return seconds * (backbone.num_layers - 1)
-
-
-def _seconds(work, device=None) -> float:
-    """Seconds one call of ``work`` takes, with what it queued on a CUDA ``device`` finished."""
-    import torch
-
-    def synchronize():
-        if str(device).startswith("cuda"):
-            torch.cuda.synchronize(device)
-
-    synchronize()
-    started = time.perf_counter()
-    work()
-    synchronize()
-    return time.perf_counter() - started
-
-
-def _fastest(work, repeats: int, device=None) -> float:
-    """The fewest seconds of ``repeats`` calls of ``work``: the machine's noise only ever adds time."""
-    return min(_seconds(work, device) for _ in range(repeats))
 
 
 def _training_rate(spec, width: int, device, seed: int) -> float:
@@ -277,15 +174,8 @@ def _training_rate(spec, width: int, device, seed: int) -> float:
     def run(steps: int) -> None:
         train(bridge, training_loss, data, replace(budget, steps=steps), progress=False)
 
-    return _timed_rate(lambda: run(CALIBRATION_STEPS), CALIBRATION_STEPS * budget.tokens_per_step, device,
+    return timed_rate(lambda: run(CALIBRATION_STEPS), CALIBRATION_STEPS * budget.tokens_per_step, device,
                        warm_up=lambda: run(1))
-
-
-def _timed_rate(work, tokens: int, device, warm_up=None, repeats: int = 1) -> float:
-    """``tokens`` over the seconds a call of ``work`` takes (the fastest of ``repeats``), after one
-    (warm-up) call."""
-    (warm_up or work)()
-    return tokens / max(_fastest(work, repeats, device), 1e-9)
 
 
 def calibrate_run(run) -> Throughput:
