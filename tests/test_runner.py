@@ -529,7 +529,7 @@ def test_work_found_in_the_store_shrinks_the_bar_instead_of_advancing_it():
     progress.close()
 
 
-def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
+def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite, tmp_path):
     from dihal_bench.config.suite import apply_overrides, resolved_config
     from dihal_bench.study.calibration import calibrate_run
     from dihal_bench.study.run import Run
@@ -540,8 +540,11 @@ def test_calibration_measures_positive_rates_on_the_loaded_models(tiny_suite):
     config = apply_overrides(config, {"methods.baselines": '["ar-scratch", "ar-backbone"]',
                                       "budget.param_allowance": "114816", "budget.batch_size": "16",
                                       "budget.epochs": "40"})
-    run = Run("tiny", resolved_config(config), Path("never-written"), progress=False)
+    out = tmp_path / "never-written"
+    run = Run("tiny", resolved_config(config), out, progress=False)
     rates = calibrate_run(run)
+    # the store's write was timed beside the store that does not exist yet, and left nothing there
+    assert not out.exists() and not any(tmp_path.iterdir())
     assert all(0 < getattr(rates, kind) < float("inf") for kind in ("forward", "decode", "evaluator", "trained"))
     assert rates.source.startswith("measured on this machine (cpu")
     # the trained baseline timed by its own step; the intact backbone trains nothing; both timed decoding

@@ -162,10 +162,14 @@ def test_measured_rates_price_each_kind_of_token_at_its_own_rate():
     assert rows == 17
     assert estimate.unit_seconds(units["metrics dihal-chosen"], config, None, rates) == \
         pytest.approx((samples + math.ceil(samples / rows)) / 500)
-    # DiHAL: its training at the training rate, its samples decoded
+    # DiHAL: its training at the training rate, its validation measures (three backbone passes over the
+    # sweep's evaluation windows, as a sweep layer's), its samples decoded
     budget = costs.Budget.from_dict(config.budget)
-    assert estimate.unit_seconds(units["dihal-chosen"], config, None, rates) == \
-        pytest.approx(budget.steps * budget.tokens_per_step / 2000 + samples / 10)
+    evaluated = config.sweep.eval_sequences * budget.seq_len
+    for label in ("dihal-chosen", "control-regressor"):
+        assert estimate.unit_seconds(units[label], config, None, rates) == \
+            pytest.approx(budget.steps * budget.tokens_per_step / 2000 + 3 * evaluated / 1000 + samples / 10)
+    assert estimate.unit_seconds(units["control-skip"], config, None, rates) == pytest.approx(samples / 10)
     # a baseline timed by the step and the decode: its steps and its sampling batches at those times;
     # untimed ones by tokens
     timed = dataclasses.replace(rates, baselines={"sed": estimate.BaselineTiming(0.25, 0.01, 3.0, 0.5)})

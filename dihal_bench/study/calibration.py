@@ -30,18 +30,24 @@ CALIBRATION_EVAL_WINDOWS = 16
 #: second or two, and one timing of it moved by a factor of 2.6 (targets) and 1.7 (proxies) between two
 #: diagnostic runs on the same machine (benchmarks/results/eta_record.json), where their stages did not
 REPEATS = 3
-#: windows of the timed targets job: its fixed costs (one file per kept layer) are a larger share of
-#: a small pass than of the job's thousands of windows
+#: windows of the timed extraction of bridge targets (the job's forward passes, nothing written)
 EXTRACTION_WINDOWS = 64
+#: the largest file the store's write is timed on: a targets job writes one file per kept layer,
+#: hundreds of MiB each on the diagnostic suite, and a disk writes a small file several times faster
+#: per byte than a large one (9 MiB at 481 MB/s, 236 MiB at 243 MB/s, fsynced, one disk of this
+#: machine), since its small writes end in the page cache
+STORE_PROBE_BYTES = 256 * 2**20
 
 
-def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None) -> Throughput:
+def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences=None,
+              store: Path | None = None) -> Throughput:
     """Each kind of :class:`Work`'s rate measured on the loaded models in seconds: a forward pass
-    of the backbone and of the evaluator, a decode of one sampling batch and of one sequence by the
-    suite's bridge at the middle layer with the suite's sample steps (what DiHAL's rows sample
-    with), a few training steps of that bridge through the one training loop, that bridge's
-    validation measures (:func:`evaluate_layer`),
-    the extraction and store of bridge targets, and locate's proxies on one layer. Forwards run one
+    of the backbone and of the evaluator, a decode of one sampling batch and of one sequence by a
+    hybrid of the suite's bridge at the first layer with the suite's sample steps (what DiHAL's rows
+    sample with), a few training steps of that bridge through the one training loop, its validation
+    measures at the middle layer (:func:`evaluate_layer`), the extraction of bridge targets and their
+    store (written under ``store``, the run's job store, or the nearest folder of it that exists),
+    and locate's proxies on one layer. Forwards run one
     batch of the suite's training budget (the shape of the targets and evaluation passes). Each is
     timed after a warm-up call, which pays for lazy setup. Each baseline of the suite is timed by
     the step through its own ``fit`` and by its decode of one sampling batch and of one sequence
@@ -65,7 +71,11 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
     layer = max(1, backbone.num_layers // 2)
     torch.manual_seed(seed)
     bridge = spec.build(backbone.width).to(backbone.device)
-    hybrid = HybridLM(backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
+    # a hybrid decodes through the upper stack, so the first layer's is the costliest decode; the
+    # layers DiHAL and the oracle pick are unknown until locate and the sweep have run, and shallow
+    # on the built-in backbones (3 and 1 on SmolLM2-135M in every diagnostic seed); diagnostic seed 4's
+    # calibration at the middle layer decoded 1.3 times faster than its latency job's DiHAL at layer 3
+    hybrid = HybridLM(backbone, bridge, 1, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
     rows, length = config.sampling.batch_size, config.sampling.seq_len
     # the whole sequence: a hybrid's decode step costs more the longer its prefix
     decode = timed_rate(lambda: hybrid.generate(rows, length, seed=seed, batch_size=rows), rows * length,
@@ -79,7 +89,7 @@ def calibrate(config: SuiteConfig, backbone, evaluator, seed: int = 0, sequences
                       source=f"measured on this machine ({backbone.device}, {config.dtype})",
                       baselines=baseline_timings(config, backbone, seed, sequences),
                       evaluated=_evaluation_rate(backbone, bridge, layer, spec, windows[:CALIBRATION_EVAL_WINDOWS]),
-                      extracted=_extraction_rate(config, backbone, windows),
+                      extracted=_extraction_rate(config, backbone, windows, store),
                       proxy_seconds=_proxy_seconds(config, backbone, seed), single_decode=single)
 
 
@@ -110,25 +120,44 @@ def _evaluation_rate(backbone, bridge, layer: int, spec, windows) -> float:
     return timed_rate(lambda: evaluate_layer(backbone, bridge, layer, spec, valid), windows.numel(), backbone.device)
 
 
-def _extraction_rate(config: SuiteConfig, backbone, windows) -> float:
-    """Tokens per second of a bridge-targets job on ``windows``: their states at as many layers as
-    the suite's job keeps (every swept layer and the embedding output), the deepest of them, from a
-    pass that stops at the last (the worst-scored layer a suite sweeps is usually deep), written as
-    safetensors."""
-    from dihal_bench.base.files import write_safetensors_atomic
+def _extraction_rate(config: SuiteConfig, backbone, windows, store: Path | None) -> float:
+    """Tokens per second of a bridge-targets job: the forward passes over ``windows`` that keep as
+    many layers' states as the suite's job keeps (every swept layer and the embedding output), the
+    deepest of them (the worst-scored layer a suite sweeps is usually deep), and the bytes each
+    token adds to the store at the seconds per byte of :func:`_store_seconds_per_byte`."""
     from dihal_bench.hybrid.training import with_states
-    from dihal_bench.study.plan import sweep_size
+    from dihal_bench.study.plan import sweep_size, target_budgets
 
     kept = max(sweep_size(config, backbone.num_layers), 1)
     layers = list(range(backbone.num_layers - kept, backbone.num_layers))
+    computed = timed_rate(lambda: with_states(backbone, windows, layers, progress=False), windows.numel(),
+                          backbone.device, repeats=REPEATS)
+    per_token = (kept + 1) * backbone.width * 4  # float32 states of the kept layers and the embedding output
+    windows_stored = max((b.distinct_sequences * b.seq_len for b in target_budgets(config)), default=0)
+    seconds_per_byte = _store_seconds_per_byte(min(windows_stored * backbone.width * 4, STORE_PROBE_BYTES), store)
+    return 1.0 / (1.0 / computed + per_token * seconds_per_byte)
 
-    def extract_and_store(folder: Path) -> None:
-        states = with_states(backbone, windows, layers, progress=False)
-        for index, tensor in states.states.items():
-            write_safetensors_atomic(folder / f"layer-{index}.safetensors", {"states": tensor.contiguous()})
 
-    with tempfile.TemporaryDirectory() as folder:
-        return timed_rate(lambda: extract_and_store(Path(folder)), windows.numel(), backbone.device, repeats=REPEATS)
+def _store_seconds_per_byte(size: int, store: Path | None) -> float:
+    """Seconds per byte of writing a file of ``size`` bytes as the job store writes its results
+    (atomically, synced to disk) and hashing it (``result.json``'s sha256), the fastest of two, in
+    ``store`` or the nearest folder of it that exists (nothing is left there)."""
+    import torch
+
+    from dihal_bench.base.files import file_sha256, write_safetensors_atomic
+
+    folder = Path(store) if store is not None else Path(tempfile.gettempdir())
+    while not folder.is_dir():
+        folder = folder.parent
+    states = torch.zeros(max(size // 4, 1))
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        target = Path(scratch) / "states.safetensors"
+
+        def write_and_hash() -> None:
+            write_safetensors_atomic(target, {"states": states})
+            file_sha256(target)
+
+        return fastest(write_and_hash, 2) / max(size, 1)
 
 
 def _proxy_seconds(config: SuiteConfig, backbone, seed: int) -> float:
@@ -179,13 +208,13 @@ def _training_rate(spec, width: int, device, seed: int) -> float:
 
 
 def calibrate_run(run) -> Throughput:
-    """:func:`calibrate` on a loaded run: its models, and its first seed's training windows for the
-    baselines' steps."""
+    """:func:`calibrate` on a loaded run: its models, its first seed's training windows for the
+    baselines' steps, and its job store for the store's writes."""
     from dihal_bench.study.protocol import matched_budget
 
     seed = run.config.seeds[0]
     windows = run.train_sequences(matched_budget(run.config, seed, run.backbone.width), seed)
-    return calibrate(run.config, run.backbone, run.evaluator, seed=seed, sequences=windows)
+    return calibrate(run.config, run.backbone, run.evaluator, seed=seed, sequences=windows, store=run.store.root)
 
 
 def run_throughput(run, calibrated: bool) -> Throughput:

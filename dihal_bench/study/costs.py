@@ -92,9 +92,10 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
                     forward=streamed_tokens(config, sweep_budget),
                     trained=sweep_budget.steps * sweep_budget.tokens_per_step)
     if unit.stage == "dihal" or unit.label == "control-regressor":
+        # the trained bridge is evaluated as a sweep's is (bridgeability, perplexities, KL)
         return Work(f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
                     forward=streamed_tokens(config, budget), decode=samples,
-                    trained=budget.steps * budget.tokens_per_step)
+                    evaluated=eval_windows(sweep) * budget.seq_len, trained=budget.steps * budget.tokens_per_step)
     if unit.label == "control-skip":
         return Work(f"{sampling.samples} samples, nothing trained", decode=samples)
     if unit.stage == "references":
