@@ -290,7 +290,7 @@ BROKEN_REGISTRATIONS = {
         "bridge 'forty-two': 42 is not callable"),
     "backbone parameter count not an int": (
         "register_backbones", ("big", make_baseline, {"parameters": 1.5e8}),
-        "backbone 'big': parameters=150000000.0 is not a positive int (the parameter count)"),
+        "backbone 'big': parameters=150000000.0 is not a positive int (the parameter count) or a callable(*arguments) -> it or None"),
     "corpus handles not callable": (
         "register_corpora", ("mine", make_baseline, {"handles": "mine:"}),
         "corpus 'mine': handles='mine:' is not a callable(reference: str) -> bool"),

@@ -227,3 +227,23 @@ def test_the_dry_run_marks_the_locate_jobs_the_store_holds(tmp_path):
     assert done_units("diagnostic", config, tmp_path) == {"locate": "yes"}
     text = estimate.format_plan("diagnostic", config, done={"locate": "yes"})
     assert re.search(r"^locate .* yes$", text, re.MULTILINE) and re.search(r"^sweep layer 1/\d+ .* \?$", text, re.MULTILINE)
+
+
+def test_a_local_checkpoints_size_is_read_from_its_safetensors_headers(tiny_models, tiny_model_dir, tmp_path):
+    # tied input/output embeddings are stored, and counted, once: the count the loaded model reports
+    assert estimate.backbone_parameters(tiny_model_dir) == tiny_models["gemma3"].num_parameters()
+    assert estimate.backbone_parameters(str(tmp_path)) is None  # a directory without weights: unknown
+    assert estimate.backbone_parameters("org/Model-7B") == 7e9  # a hub id: the size in its name
+
+
+def test_a_parameters_hook_that_returns_no_count_is_refused_in_one_line(inline_plugin):
+    from dihal_bench import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def register_backbones(self, register):
+            register("odd-size", lambda: None, parameters=lambda: 1.5)
+
+    inline_plugin(Plugin(), "odd-size-backbone")
+    with pytest.raises(DihalError, match=r"backbone 'odd-size' .*parameters returned 1.5, not a positive int"):
+        estimate.backbone_parameters("odd-size")

@@ -71,9 +71,10 @@ META_RULES: dict[str, dict[str, MetaRule]] = {
     "backbone": {
         "description": DESCRIPTION,
         "handles": HANDLES,
-        # bool is an int subclass; a True parameter count is a bug, not 1
-        "parameters": MetaRule(lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-                               "a positive int (the parameter count)"),
+        # bool is an int subclass; a True parameter count is a bug, not 1. A callable counts a
+        # reference's parameters (a local checkpoint's) without loading its weights
+        "parameters": MetaRule(lambda v: callable(v) or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                               "a positive int (the parameter count) or a callable(*arguments) -> it or None"),
         # both take the factory's positional arguments and must not load weights: the pre-flight
         # checks call them so that a layer, channel count or budget the model or its data cannot
         # take is refused before a load of seconds to minutes (dihal_bench.registry.resolve)

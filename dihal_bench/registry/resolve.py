@@ -54,6 +54,23 @@ def backbone_tokenizer(name: str):
     return tokenizer
 
 
+def backbone_parameters_declared(name: str) -> int | None:
+    """The parameter count backbone ``name``'s plugin declares (its ``parameters`` meta key, a
+    number or a callable of the factory's arguments), without loading weights; None when it
+    declares none, cannot say, or no plugin takes the name."""
+    try:
+        registration, arguments = get_registry().resolve("backbone", name)
+    except DihalError:
+        return None
+    declared = registration.meta.get("parameters")
+    if callable(declared):
+        declared = _call_meta(registration, "parameters", arguments)
+    if declared is not None and not _positive_int(declared):
+        raise DihalError(f"backbone {registration.name!r} from {registration.source}: parameters returned "
+                         f"{declared!r}, not a positive int")
+    return declared
+
+
 def _call_meta(registration: Registration, key: str, arguments: tuple):
     """``registration.meta[key](*arguments)``, or None without that key; a plugin's exception
     other than DihalError becomes one line naming the plugin, as its factory's would."""

@@ -19,7 +19,7 @@ from tabulate import tabulate
 
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.errors import DihalError
-from dihal_bench.registry.plugins import get_registry
+from dihal_bench.registry.resolve import backbone_parameters_declared
 from dihal_bench.study.costs import (
     BaselineDecodes,
     Work,
@@ -37,8 +37,7 @@ BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 def backbone_parameters(name: str) -> float | None:
     """The parameter count of backbone ``name`` without loading it: what its registration
     declares, else a size in the name of a hub model ("Llama-3.1-8B", "SmolLM2-135M"), else None."""
-    registration = get_registry().items["backbone"].get(name)
-    declared = None if registration is None else registration.meta.get("parameters")
+    declared = backbone_parameters_declared(name)
     if declared is not None:
         return float(declared)
     match = re.search(r"(\d+(?:\.\d+)?)\s*([bBmM])\b", name.replace("-", " ").replace("_", " "))

@@ -12,7 +12,12 @@ from .embedded import (
     smollm2_135m_shape,
     smollm2_135m_tokenizer,
 )
-from .hf_backbone import HFBackbone, describe_pretrained, pretrained_tokenizer
+from .hf_backbone import (
+    HFBackbone,
+    describe_pretrained,
+    pretrained_parameters,
+    pretrained_tokenizer,
+)
 
 
 def handles_hf(reference: str) -> bool:
@@ -33,6 +38,6 @@ def register_backbones(register):
     register("gemma3-270m", gemma3_270m, parameters=268_098_176,
              describe=gemma3_270m_shape, tokenizer=gemma3_270m_tokenizer,
              description="Gemma-3-270M, 18 layers, d=640 (embedded, GGUF Q4_K_M)")
-    register("hf", HFBackbone.from_pretrained, handles=handles_hf,
+    register("hf", HFBackbone.from_pretrained, handles=handles_hf, parameters=pretrained_parameters,
              describe=describe_pretrained, tokenizer=pretrained_tokenizer,
              description="any Hugging Face causal LM, by hub id org/name or local directory")

@@ -10,8 +10,11 @@ the result against the library's own forward pass.
 from __future__ import annotations
 
 import inspect
+import math
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.masking_utils import (
     create_causal_mask,
@@ -43,6 +46,20 @@ def describe_pretrained(model_id: str, *, trust_remote_code: bool = False) -> di
     # a multimodal checkpoint nests the decoder's settings; the causal LM is built from those
     text = config.get_text_config()
     return {"layers": text.num_hidden_layers, "width": text.hidden_size}
+
+
+def pretrained_parameters(model_id: str, **_options) -> int | None:
+    """The parameter count of a local model directory from its safetensors files' headers (no
+    weights read; a tied embedding is stored, and counted, once), or None for a hub id or a
+    directory without safetensors: the dry run's estimate then falls back to the size in the name."""
+    files = sorted(Path(model_id).glob("*.safetensors")) if Path(model_id).is_dir() else []
+    if not files:
+        return None
+    count = 0
+    for file in files:
+        with safe_open(file, framework="pt") as tensors:
+            count += sum(math.prod(tensors.get_slice(key).get_shape()) for key in tensors.keys())
+    return count or None
 
 
 def pretrained_tokenizer(model_id: str, *, gguf_file: str | None = None, trust_remote_code: bool = False):
