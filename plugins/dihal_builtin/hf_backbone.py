@@ -48,7 +48,7 @@ def describe_pretrained(model_id: str, *, trust_remote_code: bool = False) -> di
     return {"layers": text.num_hidden_layers, "width": text.hidden_size}
 
 
-def pretrained_parameters(model_id: str, **_options) -> int | None:
+def pretrained_parameters(model_id: str) -> int | None:
     """The parameter count of a local model directory from its safetensors files' headers (no
     weights read; a tied embedding is stored, and counted, once), or None for a hub id or a
     directory without safetensors: the dry run's estimate then falls back to the size in the name."""
