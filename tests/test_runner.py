@@ -201,6 +201,12 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert seed["methods"]["ar-backbone"]["in_budget"] is False
     assert seed["methods"]["reference-human"]["metrics"]["gen_ppl"] > 1
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
+    # each round's ratio to the reference's decode of the same round: exactly 1 for the reference itself
+    repeats = record["config"]["metrics"]["latency_repeats"]
+    assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_per_round"] == [1.0] * repeats
+    chosen = seed["methods"]["dihal-chosen"]["latency"]
+    assert len(chosen["batch1_ratio_per_round"]) == repeats
+    assert min(chosen["batch1_ratio_per_round"]) <= chosen["batch1_ratio_to_backbone"] <= max(chosen["batch1_ratio_per_round"])
     assert record["environment"]["torch"] and record["config"]["budget"]["steps"] == 6
     # one seed: its own stage times are the record's
     assert {k: v for k, v in seed["timings"].items() if k != "total_seconds"} == \

@@ -86,8 +86,12 @@ def measure_latency(run: Run, methods: dict, roles: dict, spec: BridgeSpec, budg
             seconds = statistics.median(times[name, size])
             values[f"batch{size}_seconds_per_sequence"] = seconds / size
             values[f"batch{size}_ms_per_token"] = 1000 * seconds / (size * length)
-    for values in results.values():
+    for name, values in results.items():
         for size in sizes:
             values[f"batch{size}_ratio_to_backbone"] = (values[f"batch{size}_seconds_per_sequence"]
                                                         / results[reference][f"batch{size}_seconds_per_sequence"])
+            # every round too, in round order, each against the reference's decode of the same round:
+            # the spread the median hides, which a claim about the sign of the ratio needs
+            values[f"batch{size}_ratio_per_round"] = [
+                mine / theirs for mine, theirs in zip(times[name, size], times[reference, size])]
     return {"batch_size": batch, "seq_len": length, "repeats": repeats, "reference": reference, **results}
