@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from dihal_bench.study.jobs import RESULT
+
 EMBEDDED = ("smollm2-135m", "gemma3-270m")
 
 
@@ -50,8 +52,8 @@ def build(folder: Path, out: Path) -> None:
 
 def times(store: Path) -> dict:
     """Per job kind: how many finished and the sum of their ``seconds`` (each job's own
-    result.json), with the span from the first to the last one's finishing time."""
-    results = [(path.stat().st_mtime, json.loads(path.read_text())) for path in store.rglob("result.json")]
+    result file), with the span from the first to the last one's finishing time."""
+    results = [(path.stat().st_mtime, json.loads(path.read_text())) for path in store.rglob(RESULT)]
     kinds: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "seconds": 0.0})
     for _, result in results:
         kinds[result["kind"]]["jobs"] += 1
