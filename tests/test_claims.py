@@ -191,3 +191,82 @@ def test_a_sweep_too_short_for_the_tests_is_not_tested():
     short["sweep"]["layers"] = short["sweep"]["layers"][:3]
     (row,) = evaluate([group_of([short])])
     assert row.verdict == NOT_TESTED and "at least 4" in row.measurement
+
+
+def with_entropy(methods: dict, entropies: dict[str, float]) -> dict:
+    for name, h in entropies.items():
+        methods[name]["metrics"]["entropy"] = h
+    return methods
+
+
+def references(seed: int, *, unigram_log_ppl: float | None) -> dict:
+    """The held-out row (entropy 3.6) and, unless None, the unigram reference at that log Gen.PPL."""
+    rng = np.random.default_rng(100 + seed)
+    rows = {"reference-human": method("reference", None, None, in_budget=False)}
+    rows["reference-human"]["metrics"]["entropy"] = 3.6
+    if unigram_log_ppl is not None:
+        rows["reference-unigram"] = method("reference", *samples(unigram_log_ppl, rng.normal(scale=0.3, size=128)),
+                                           in_budget=False)
+        rows["reference-unigram"]["metrics"]["entropy"] = 3.9
+    return rows
+
+
+def test_a_degenerate_baseline_is_scored_as_the_unigram_reference_and_cannot_win_by_collapse():
+    errors = [0.1 * layer for layer in LAYERS]
+
+    def seeds(collapsed_entropy: float, unigram: float | None) -> list[dict]:
+        # SED writes collapsed text with a low Gen.PPL (log 4.0 against DiHAL's 5.0)
+        return [entry(seed, [-e for e in errors], errors,
+                      with_entropy({**methods_for(seed, chosen=5.0, oracle=4.98, regressor=5.2, baseline=4.0),
+                                    **references(seed, unigram_log_ppl=unigram)},
+                                   {"dihal-chosen": 3.65, "sed": collapsed_entropy})) for seed in (0, 1)]
+
+    def baselines_row(rows):
+        return next(row for row in rows if row.claim.startswith("under"))
+
+    healthy = baselines_row(evaluate([group_of(seeds(3.5, unigram=8.5))]))
+    assert healthy.verdict == NOT_REPRODUCED  # SED's text is as varied as natural text: its win stands
+    collapsed = baselines_row(evaluate([group_of(seeds(2.0, unigram=8.5))]))
+    assert collapsed.verdict == REPRODUCED  # scored as i.i.d. unigram text, SED loses
+    assert "degenerate, scored as the unigram reference: sed on seed 0, sed on seed 1" in collapsed.measurement
+    assert "unigram reference when that scores worse" in collapsed.rule
+    no_floor = baselines_row(evaluate([group_of(seeds(2.0, unigram=None))]))
+    assert no_floor.verdict == NOT_TESTED and "no reference-unigram row" in no_floor.interval
+
+
+def test_a_claim_that_is_not_shown_says_how_many_seeds_would_decide_it():
+    errors = [0.1 * layer for layer in LAYERS]
+    entries = [entry(seed, [-e for e in errors], errors,
+                     methods_for(seed, chosen=5.0 + 0.1 * (-1) ** seed, oracle=4.98, regressor=5.0, baseline=7.0))
+               for seed in (0, 1, 2)]
+    rows = {row.claim.split(" ")[0]: row for row in evaluate([group_of(entries)])}
+    assert rows["diffusion"].verdict == NOT_SHOWN
+    assert "seeds needed for 80% power:" in rows["diffusion"].interval
+    assert "between-seed variance" in rows["diffusion"].interval
+    decided = [row for row in rows.values() if row.verdict != NOT_SHOWN]
+    assert decided and not any("seeds needed" in row.interval for row in decided)
+
+
+def latency_group(rounds_per_seed: list[list[float] | None], medians: list[float]) -> list:
+    errors = [0.1 * layer for layer in LAYERS]
+    entries = []
+    for seed, (rounds, median) in enumerate(zip(rounds_per_seed, medians)):
+        methods = methods_for(seed, chosen=5.0, oracle=4.98, regressor=5.2, baseline=7.0)
+        methods["dihal-chosen"]["latency"] = {"batch1_ratio_to_backbone": median,
+                                              **({"batch1_ratio_per_round": rounds} if rounds else {})}
+        entries.append(entry(seed, [-e for e in errors], errors, methods))
+    return [row for row in evaluate([group_of(entries)]) if row.claim.startswith("DiHAL is slower")]
+
+
+def test_latency_is_decided_by_an_interval_over_seeds_of_their_rounds():
+    (slower,) = latency_group([[1.10, 1.12, 1.08, 1.15, 1.11], [1.06, 1.09, 1.12, 1.07, 1.10],
+                               [1.13, 1.10, 1.12, 1.16, 1.11]], [1.11, 1.09, 1.12])
+    assert slower.verdict == REPRODUCED and "t interval over seeds" in slower.interval and "5 rounds" in slower.measurement
+    (mixed,) = latency_group([[1.2, 1.1, 1.3, 1.2, 1.25], [0.85, 0.9, 0.8, 0.95, 0.9]], [1.2, 0.9])
+    assert mixed.verdict == NOT_SHOWN and "seeds needed" in mixed.interval
+    # one seed: the interval is over its rounds, conditional on that seed
+    (one,) = latency_group([[0.91, 0.93, 0.9, 0.92, 0.94]], [0.92])
+    assert one.verdict == NOT_REPRODUCED and "rounds of one seed" in one.interval
+    # a record from before rounds were kept: one median, no spread to decide on
+    (median_only,) = latency_group([None], [0.89])
+    assert median_only.verdict == NOT_SHOWN and "no spread" in median_only.interval

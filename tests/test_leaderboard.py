@@ -384,16 +384,18 @@ def test_valid_sample_counts_and_a_metrics_interval_become_method_columns(tmp_pa
     results = tmp_path / "results"
     results.mkdir()
     entries = [seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in (0, 1)]
-    for entry, (low, high, valid) in zip(entries, [(0.2, 0.4, 120), (0.3, 0.7, 100)]):
+    # seed 0's record says how its interval was made, seed 1's (an older record) does not
+    for entry, (low, high, valid, kind) in zip(entries, [(0.2, 0.4, 120, "half-sample"), (0.3, 0.7, 100, None)]):
         entry["methods"]["dihal-chosen"]["metrics"].update(
             {"mauve": (low + high) / 2, "mauve_ci_low": low, "mauve_ci_high": high, "gen_ppl_n_valid": valid,
-             "mauve_n_valid": valid})
+             "mauve_n_valid": valid, **({"mauve_interval": kind} if kind else {})})
     write_record(results, "two.json", entries)
     out = tmp_path / "out"
     build(results, out, formats=("csv", "md"))
     methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
     # each seed's own interval, side by side: averaged bounds would be no interval at all
-    assert methods.loc["dihal-chosen", "mauve_intervals"] == "s0 0.20–0.40; s1 0.30–0.70"
+    # and the older kind, a with-replacement bootstrap, is marked as spread
+    assert methods.loc["dihal-chosen", "mauve_intervals"] == "s0 0.20–0.40; s1 0.30–0.70†"
     assert "mauve_low_mean" not in methods.columns
     assert methods.loc["dihal-chosen", "valid_samples_mean"] == pytest.approx(110)
     assert methods.loc["ar-backbone", "valid_samples_n"] == 0  # its metrics report no count

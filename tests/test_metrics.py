@@ -434,14 +434,15 @@ def test_mauve_with_too_few_samples_returns_none_and_names_the_count():
     assert "9 generations" in result["warning"]
 
 
-def test_mauve_bootstrap_interval_brackets_resampled_values_and_is_seeded():
+def test_mauve_half_sample_interval_holds_its_point_and_is_seeded():
     rng = np.random.default_rng(6)
     p, q = rng.normal(size=(40, 8)), rng.normal(size=(40, 8)) + 0.3
     first = builtin.mauve_score(p, q, seed=3, bootstrap=8)
     assert first == builtin.mauve_score(p, q, seed=3, bootstrap=8)
-    assert first["bootstrap"] == 8
-    assert 0.0 <= first["mauve_ci_low"] < first["mauve_ci_high"] <= 1.0
-    other = builtin.mauve_bootstrap_interval(p, q, seed=4, resamples=8)
+    assert first["bootstrap"] == 8 and first["interval"] == "half-sample"
+    assert 0.0 <= first["mauve_ci_low"] <= first["mauve"] <= first["mauve_ci_high"] <= 1.0
+    assert first["mauve_ci_low"] < first["mauve_ci_high"]
+    other = builtin.mauve_half_sample_interval(p, q, first["mauve"], seed=4, draws=8)
     assert other != (first["mauve_ci_low"], first["mauve_ci_high"])
 
 

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from dihal_bench.leaderboard.degenerate import flag_label
 from dihal_bench.leaderboard.read import CORRELATION_SETS, Group, rank_series
+from dihal_bench.numerics.degenerate import ENTROPY_MARGIN
 from dihal_bench.numerics.stats import Stratum, holm, stratified_rank_test
+
+#: how a metric's interval was made, where its record says (``<metric>_interval``); an interval
+#: whose record says nothing is MAUVE's with-replacement bootstrap of the records before 2026-12-05,
+#: which shows spread but can sit below its own point (docs/method.md#metrics), marked with SPREAD_MARK
+SPREAD_MARK = "†"
+
 
 METHODS_NOTE = (
     "Latency is wall-clock per generated token at batch 1, and its ratio to the backbone's own "
@@ -29,8 +37,13 @@ METHODS_NOTE = (
     "ceiling). control-regressor is DiHAL's bridge network trained to map h_0 to h_ℓ* in one "
     "step, without diffusion. MAUVE measures closeness to the corpus's held-out text, not "
     "fluency: at a few hundred samples its per-seed bootstrap "
-    "intervals overlap for most rows, and no claim rests on it alone. What each metric measures, "
-    "and which direction is better: the metrics table."
+    "intervals overlap for most rows, and no claim rests on it alone; an interval marked "
+    f"{SPREAD_MARK} is the with-replacement bootstrap of records before 2026-12-05, spread rather than an "
+    "interval (it can sit below its own point), the others are half-sample intervals. What each metric measures, "
+    "and which direction is better: the metrics table. Degenerate: the seeds on which the row's "
+    f"mean per-sample entropy lies more than ln(4/3) = {ENTROPY_MARGIN:.3f} nats below the held-out "
+    "text's (collapsed samples, which lower Gen.PPL); the claims score such a row as the unigram "
+    "reference (docs/method.md#metrics)."
 )
 METRICS_NOTE = (
     "The metrics of the methods table, as the run records describe them (from each metric's "
@@ -163,6 +176,7 @@ def method_table(group: Group) -> Table:
     ranked = [name for name, metric in metrics.items() if metric["higher_is_better"] is not None][:RANKED_METRICS]
     columns = [
         Column("name", "Method", "text"), Column("budget", "Budget", "text"),
+        Column("degenerate", "Degenerate", "text"),
         *(Column(name, f"{metric_header(name, metric)}{arrow(metric['higher_is_better'])}", main=name in ranked,
                  description=metric["description"]) for name, metric in metrics.items()),
         *(Column(f"{name}_intervals", f"{metrics[name]['display_name']} 95% CI per seed", "text", main=False)
@@ -182,7 +196,9 @@ def method_table(group: Group) -> Table:
     per_method = frame.groupby("method", sort=False)
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
               "budget": [budget_label(rows) for _, rows in per_method],
-              **{f"{name}_intervals": [seed_intervals(rows, name) for _, rows in per_method] for name in bounded}}
+              "degenerate": [flag_label(group.entries, name) for name, _ in per_method],
+              **{f"{name}_intervals": [seed_intervals(rows, name, interval_kinds(group, method, name))
+                                       for method, rows in per_method] for name in bounded}}
     numbers = stats.reset_index().assign(**labels)[["method", *labels, *stats.columns]]
     note = " ".join([METHODS_NOTE, *metric_notes(group)])
     return Table("methods", "Methods", note, numbers, labels, columns, group.seeds)
@@ -199,10 +215,19 @@ def metric_header(name: str, metric: dict) -> str:
     return metric["display_name"]
 
 
-def seed_intervals(rows: pd.DataFrame, metric: str) -> str:
+def interval_kinds(group: Group, method: str, metric: str) -> dict[int, str | None]:
+    """Seed -> how ``method``'s ``metric`` interval was made on that seed (None: not said)."""
+    return {entry["seed"]: ((entry["methods"].get(method) or {}).get("metrics") or {}).get(f"{metric}_interval")
+            for _, entry in group.entries}
+
+
+def seed_intervals(rows: pd.DataFrame, metric: str, kinds: dict[int, str | None] | None = None) -> str:
     """Each seed's own interval of a metric (``s0 0.12–0.39; s1 …``): intervals of different
-    seeds are shown side by side, never averaged into bounds that belong to no interval."""
+    seeds are shown side by side, never averaged into bounds that belong to no interval. An
+    interval whose record does not say how it was made carries `SPREAD_MARK`."""
+    kinds = kinds or {}
     cells = [f"s{int(row['seed'])} {row[f'{metric}_low']:.2f}–{row[f'{metric}_high']:.2f}"
+             f"{'' if kinds.get(int(row['seed'])) else SPREAD_MARK}"
              for _, row in rows.sort_values("seed").iterrows()
              if math.isfinite(row[f"{metric}_low"]) and math.isfinite(row[f"{metric}_high"])]
     return "; ".join(cells) or "—"

@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
+from dihal_bench.leaderboard.degenerate import UNIGRAM, seed_flags
 from dihal_bench.leaderboard.read import Group, rank_series, read_groups
 from dihal_bench.leaderboard.render import markdown_text
+from dihal_bench.numerics.seeds import SeedsNeeded, seeds_needed, t_interval
 from dihal_bench.numerics.stats import (
     SampleNLL,
     Stratum,
+    log_gen_ppl,
     paired_log_ppl_difference,
     spearman_versus,
     stratified_rank_test,
@@ -34,8 +37,9 @@ PAPER_RHO = 0.91
 ALPHA = 0.05
 #: how much worse than the oracle layer ℓ* may be on Gen.PPL and still be "competitive" (a ratio)
 ORACLE_MARGIN = 1.10
-#: fixed draws, so that the table is the same on every machine and run
-N_PERM, N_BOOT, SEED = 10_000, 2_000, 0
+#: fixed draws, so that the table is the same on every machine and run (N_BOOT_SEED: the
+#: within-seed bootstraps behind a "seeds needed" figure)
+N_PERM, N_BOOT, N_BOOT_SEED, SEED = 10_000, 2_000, 500, 0
 REPRODUCED, NOT_REPRODUCED, NOT_SHOWN, NOT_TESTED = "reproduced", "not reproduced", "not shown", "not tested"
 #: the answers to this benchmark's own questions (the rivals rows), which are not the paper's claims
 YES, NO = "yes", "no"
@@ -188,22 +192,27 @@ def baselines_claim(group: Group) -> Claim:
     rivals = [method for method, row in first_methods(group).items()
               if method in PAPER_BASELINES and row["kind"] == "baseline" and row["in_budget"]]
     ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, 'dihal-chosen', rival)}" for rival in rivals)
-    measurement = f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's ({seeds(group)}): {ratios}"
+    comparisons = {rival: compare(group, "dihal-chosen", rival) for rival in rivals}
+    measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's ({seeds(group)}): {ratios}"
+                   f"{floor_note(list(comparisons.values()))}")
     rule = (f"reproduced iff, for every matched baseline, the paired {100 * (1 - ALPHA):.0f}% interval of "
             "log Gen.PPL(DiHAL) − log Gen.PPL(baseline) lies below 0; not reproduced iff one lies above 0; "
-            "else not shown")
-    intervals = {rival: paired(group, "dihal-chosen", rival) for rival in rivals}
+            f"else not shown. {FLOOR_RULE}")
     if not rivals:
         return Claim(CLAIM_BASELINES, measurement, rule, "no matched baseline in the records", NOT_TESTED)
-    if any(result is None for result in intervals.values()):
-        return Claim(CLAIM_BASELINES, measurement, rule, NO_NLL, NOT_TESTED)
-    interval = "; ".join(f"{markdown_text(rival)} {ratio_interval(result)}" for rival, result in intervals.items())
-    if any(result["low"] > 0 for result in intervals.values()):
+    untested = [c.reason for c in comparisons.values() if c.result is None]
+    if untested:
+        return Claim(CLAIM_BASELINES, measurement, rule, untested[0], NOT_TESTED)
+    results = {rival: c.result for rival, c in comparisons.items()}
+    interval = "; ".join(f"{markdown_text(rival)} {ratio_interval(result)}" for rival, result in results.items())
+    if any(result["low"] > 0 for result in results.values()):
         verdict = NOT_REPRODUCED
-    elif all(result["high"] < 0 for result in intervals.values()):
+    elif all(result["high"] < 0 for result in results.values()):
         verdict = REPRODUCED
     else:
         verdict = NOT_SHOWN
+        interval += "; " + "; ".join(f"{markdown_text(rival)}: {c.seeds_needed().text()}"
+                                     for rival, c in comparisons.items() if c.result["low"] <= 0 <= c.result["high"])
     return Claim(CLAIM_BASELINES, measurement, rule, interval, verdict)
 
 
@@ -217,16 +226,13 @@ def oracle_claim(group: Group) -> Claim:
                    f"Gen.PPL at ℓ\\* ÷ at the oracle layer {per_seed_ratio(group, 'dihal-chosen', 'dihal-oracle')}")
     rule = (f"reproduced iff the upper end of the paired {100 * (1 - ALPHA):.0f}% interval of Gen.PPL(ℓ\\*) ÷ "
             f"Gen.PPL(oracle) is ≤ {ORACLE_MARGIN:.2f} (at most 10% worse); not reproduced iff its lower end is "
-            f"> {ORACLE_MARGIN:.2f}; else not shown")
-    result = paired(group, "dihal-chosen", "dihal-oracle")
+            f"> {ORACLE_MARGIN:.2f}; else not shown. {FLOOR_RULE}")
     claim = "geometry-chosen layers stay competitive with the oracle layer"
     if not all("dihal-oracle" in entry["methods"] for _, entry in group.entries):
         return Claim(claim, measurement, rule, "no oracle-layer row in the records", NOT_TESTED)
-    if result is None:
-        return Claim(claim, measurement, rule, NO_NLL, NOT_TESTED)
-    margin = math.log(ORACLE_MARGIN)
-    verdict = REPRODUCED if result["high"] <= margin else NOT_REPRODUCED if result["low"] > margin else NOT_SHOWN
-    return Claim(claim, measurement, rule, ratio_interval(result), verdict)
+    comparison = compare(group, "dihal-chosen", "dihal-oracle")
+    return decide(claim, measurement + floor_note([comparison]), rule, comparison, math.log(ORACLE_MARGIN),
+                  below=REPRODUCED, above=NOT_REPRODUCED, inclusive=True)
 
 
 def regressor_claim(group: Group) -> Claim:
@@ -235,15 +241,13 @@ def regressor_claim(group: Group) -> Claim:
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ the one-step regressor with the same network and "
                    f"budget {per_seed_ratio(group, 'dihal-chosen', 'control-regressor')} ({seeds(group)})")
     rule = (f"reproduced iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − "
-            "log Gen.PPL(regressor) lies below 0; not reproduced iff above 0; else not shown")
+            f"log Gen.PPL(regressor) lies below 0; not reproduced iff above 0; else not shown. {FLOOR_RULE}")
     claim = "diffusion steps are what make the bridge work (beyond one-step regression)"
     if not all("control-regressor" in entry["methods"] for _, entry in group.entries):
         return Claim(claim, measurement, rule, "no regressor control in the records", NOT_TESTED)
-    result = paired(group, "dihal-chosen", "control-regressor")
-    if result is None:
-        return Claim(claim, measurement, rule, NO_NLL, NOT_TESTED)
-    verdict = REPRODUCED if result["high"] < 0 else NOT_REPRODUCED if result["low"] > 0 else NOT_SHOWN
-    return Claim(claim, measurement, rule, ratio_interval(result), verdict)
+    comparison = compare(group, "dihal-chosen", "control-regressor")
+    return decide(claim, measurement + floor_note([comparison]), rule, comparison, 0.0,
+                  below=REPRODUCED, above=NOT_REPRODUCED)
 
 
 def rival_question(group: Group, rival: str) -> Claim:
@@ -253,12 +257,9 @@ def rival_question(group: Group, rival: str) -> Claim:
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ {markdown_text(rival)}'s "
                    f"{per_seed_ratio(group, 'dihal-chosen', rival)} ({seeds(group)})")
     rule = (f"yes iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({rival}) "
-            "lies below 0; no iff above 0; else not shown")
-    result = paired(group, "dihal-chosen", rival)
-    if result is None:
-        return Claim(question, measurement, rule, NO_NLL, NOT_TESTED)
-    verdict = YES if result["high"] < 0 else NO if result["low"] > 0 else NOT_SHOWN
-    return Claim(question, measurement, rule, ratio_interval(result), verdict)
+            f"lies below 0; no iff above 0; else not shown. {FLOOR_RULE}")
+    comparison = compare(group, "dihal-chosen", rival)
+    return decide(question, measurement + floor_note([comparison]), rule, comparison, 0.0, below=YES, above=NO)
 
 
 def untested_rival(rival: str) -> Claim:
@@ -269,39 +270,138 @@ def untested_rival(rival: str) -> Claim:
 
 
 def latency_claim(group: Group) -> Claim:
-    """DiHAL decodes more slowly than the backbone."""
-    ratios = [((entry["methods"]["dihal-chosen"].get("latency") or {}).get("batch1_ratio_to_backbone"))
-              for _, entry in group.entries]
-    measured = [r for r in ratios if isinstance(r, (int, float)) and not isinstance(r, bool)]
-    measurement = (f"{name(group)}: DiHAL at ℓ\\* ms/token ÷ the backbone's, batch 1, same run, median of "
-                   f"interleaved rounds: {' / '.join(fmt(r) if r in measured else '—' for r in ratios)} "
-                   f"({seeds(group)})")
-    rule = "reproduced iff the ratio is > 1 on every seed; not reproduced iff < 1 on every seed; else not shown"
-    interval = "none: the records keep each seed's median, not its spread"
+    """DiHAL decodes more slowly than the backbone: the log ratio of seconds per sequence at batch 1,
+    per seed the mean over its interleaved rounds, with a t interval over seeds (over the rounds
+    when there is one seed)."""
+    per_seed = [latency_rounds(entry) for _, entry in group.entries]
     claim = "DiHAL is slower than the backbone at inference"
-    if len(measured) < len(ratios) or not measured:
-        return Claim(claim, measurement, rule, interval, NOT_TESTED)
-    verdict = REPRODUCED if min(measured) > 1 else NOT_REPRODUCED if max(measured) < 1 else NOT_SHOWN
+    shown = " / ".join("—" if not rounds else f"{fmt(math.exp(sum(rounds) / len(rounds)))}"
+                       f"{f' ({len(rounds)} rounds)' if len(rounds) > 1 else ' (median)'}" for rounds in per_seed)
+    measurement = (f"{name(group)}: DiHAL at ℓ\\* seconds per sequence ÷ the backbone's, batch 1, same run, "
+                   f"interleaved rounds (geometric mean over a seed's rounds; records before 2026-12-04 keep "
+                   f"only the median): {shown} ({seeds(group)})")
+    rule = (f"per seed the mean log ratio over its rounds; reproduced iff the {100 * (1 - ALPHA):.0f}% t interval "
+            "over seeds (over rounds with one seed) lies above ratio 1; not reproduced iff below; else not shown")
+    if not per_seed or not all(per_seed):
+        return Claim(claim, measurement, rule, "none: a seed has no latency ratio", NOT_TESTED)
+    means = [sum(rounds) / len(rounds) for rounds in per_seed]
+    values, over = (means, "seeds") if len(means) > 1 else (per_seed[0], "rounds of one seed")
+    if len(values) < 2:
+        return Claim(claim, measurement, rule, "none: one seed with one value (its median), no spread",
+                     NOT_SHOWN)
+    mean, low, high = t_interval(values, level=1 - ALPHA)
+    interval = (f"ratio {fmt(math.exp(mean))}, 95% t interval over {over} "
+                f"[{fmt(math.exp(low))}, {fmt(math.exp(high))}]")
+    verdict = REPRODUCED if low > 0 else NOT_REPRODUCED if high < 0 else NOT_SHOWN
+    if verdict == NOT_SHOWN:
+        within = [variance_of_mean(rounds) for rounds in per_seed]
+        interval += "; " + seeds_needed(means, within).text()
     return Claim(claim, measurement, rule, interval, verdict)
+
+
+def latency_rounds(entry: dict) -> list[float]:
+    """The seed's log latency ratios of DiHAL at ℓ* to the backbone at batch 1: one per round where
+    the record keeps rounds, else the log of its median ratio, else none."""
+    latency = (entry["methods"].get("dihal-chosen") or {}).get("latency") or {}
+    rounds = latency.get("batch1_ratio_per_round")
+    if isinstance(rounds, list) and rounds and all(is_positive(r) for r in rounds):
+        return [math.log(r) for r in rounds]
+    median = latency.get("batch1_ratio_to_backbone")
+    return [math.log(median)] if is_positive(median) else []
+
+
+def variance_of_mean(values: list[float]) -> float:
+    """The sampling variance of the mean of ``values`` (0 for one value: nothing to estimate it from)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return sum((v - mean) ** 2 for v in values) / (n - 1) / n
+
+
+def is_positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 # --- reading the pooled seeds ------------------------------------------------------------------
 
 
-def paired(group: Group, first: str, second: str) -> dict | None:
-    """The paired bootstrap of log Gen.PPL(first) − log Gen.PPL(second) over the group's seeds, or
-    None where a seed lacks either method's per-sample NLLs."""
-    sides = []
-    for method in (first, second):
-        side = {}
-        for _, entry in group.entries:
-            metrics = (entry["methods"].get(method) or {}).get("metrics") or {}
-            nll, tokens = metrics.get("gen_ppl_nll_per_sample"), metrics.get("gen_ppl_tokens_per_sample")
-            if not (isinstance(nll, list) and isinstance(tokens, list)) or metrics.get("gen_ppl") is None:
-                return None
-            side[entry["seed"]] = SampleNLL(nll, tokens)
-        sides.append(side)
-    return paired_log_ppl_difference(*sides, n_boot=N_BOOT, seed=SEED, level=1 - ALPHA)
+#: how every Gen.PPL rule counts a degenerate row (docs/method.md#claims-and-decision-rules)
+FLOOR_RULE = ("A side whose samples are degenerate on a seed (entropy more than ln(4/3) nats below the held-out "
+              "text's) is scored there as the seed's unigram reference when that scores worse.")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Gen.PPL of ``first`` against ``second`` over a group's seeds: each seed's per-sample NLLs of
+    both sides (degenerate sides floored), the pooled paired bootstrap, or why there is none."""
+
+    sides: tuple[dict[int, SampleNLL], dict[int, SampleNLL]]
+    result: dict | None
+    reason: str = ""
+    floored: tuple[str, ...] = ()  # "diffusion-lm on seed 2", each side scored as the unigram reference
+
+    def seeds_needed(self, boundary: float = 0.0) -> SeedsNeeded:
+        """How many seeds would decide the comparison at ``boundary`` (numerics.seeds)."""
+        per_seed = [paired_log_ppl_difference({s: self.sides[0][s]}, {s: self.sides[1][s]}, n_boot=N_BOOT_SEED,
+                                              seed=SEED, level=1 - ALPHA) for s in self.sides[0]]
+        return seeds_needed([r["difference"] for r in per_seed], [r["sd"] ** 2 for r in per_seed], boundary)
+
+
+def compare(group: Group, first: str, second: str) -> Comparison:
+    """The paired comparison of two methods' Gen.PPL over the group's seeds (`FLOOR_RULE` applied)."""
+    sides: tuple[dict[int, SampleNLL], dict[int, SampleNLL]] = ({}, {})
+    floored = []
+    for _, entry in group.entries:
+        flags = seed_flags(entry)
+        for side, method in zip(sides, (first, second)):
+            row = sample_nll(entry, method)
+            if row is None:
+                return Comparison(sides, None, NO_NLL)
+            if flags.get(method):
+                floor = sample_nll(entry, UNIGRAM)
+                if floor is None:
+                    return Comparison(sides, None, f"not tested: {method} is degenerate on seed {entry['seed']}, "
+                                                   f"which has no {UNIGRAM} row with per-sample NLLs to score it as")
+                if log_gen_ppl(floor) > log_gen_ppl(row):
+                    row = floor
+                    floored.append(f"{method} on seed {entry['seed']}")
+            side[entry["seed"]] = row
+    result = paired_log_ppl_difference(*sides, n_boot=N_BOOT, seed=SEED, level=1 - ALPHA)
+    return Comparison(sides, result, floored=tuple(floored))
+
+
+def decide(claim: str, measurement: str, rule: str, comparison: Comparison, boundary: float, *, below: str,
+           above: str, inclusive: bool = False) -> Claim:
+    """One comparison's verdict: ``below`` iff the interval lies below ``boundary`` (or touches it,
+    with ``inclusive``), ``above`` iff above, else not shown with the seeds that would decide it."""
+    result = comparison.result
+    if result is None:
+        return Claim(claim, measurement, rule, comparison.reason, NOT_TESTED)
+    interval = ratio_interval(result)
+    if result["high"] < boundary or (inclusive and result["high"] == boundary):
+        verdict = below
+    elif result["low"] > boundary:
+        verdict = above
+    else:
+        verdict = NOT_SHOWN
+        interval += "; " + comparison.seeds_needed(boundary).text()
+    return Claim(claim, measurement, rule, interval, verdict)
+
+
+def floor_note(comparisons: list[Comparison]) -> str:
+    """What the measurement cell says of the rows scored as the unigram reference."""
+    floored = list(dict.fromkeys(item for c in comparisons for item in c.floored))
+    return f"; degenerate, scored as the unigram reference: {', '.join(floored)}" if floored else ""
+
+
+def sample_nll(entry: dict, method: str) -> SampleNLL | None:
+    """A method's per-sample NLLs and token counts on a seed, or None where the record lacks them."""
+    metrics = (entry["methods"].get(method) or {}).get("metrics") or {}
+    nll, tokens = metrics.get("gen_ppl_nll_per_sample"), metrics.get("gen_ppl_tokens_per_sample")
+    if not (isinstance(nll, list) and isinstance(tokens, list)) or metrics.get("gen_ppl") is None:
+        return None
+    return SampleNLL(nll, tokens)
 
 
 def per_seed_ratio(group: Group, first: str, second: str) -> str:

@@ -378,7 +378,7 @@ def paired_log_ppl_difference(a: dict[int, SampleNLL], b: dict[int, SampleNLL], 
     sampling noise; with one seed it is conditional on that seed's trained models.
 
     Returns difference, ratio (exp difference: the ratio of Gen.PPLs), low, high (and their
-    ratios), level, n_boot, seeds, samples, paired.
+    ratios), sd (the bootstrap draws' standard deviation), level, n_boot, seeds, samples, paired.
     """
     if set(a) != set(b) or not a:
         raise DihalError(f"paired_log_ppl_difference needs the same seeds on both sides, got {sorted(a)} and {sorted(b)}")
@@ -402,9 +402,15 @@ def paired_log_ppl_difference(a: dict[int, SampleNLL], b: dict[int, SampleNLL], 
     draws = draws[np.isfinite(draws)]
     low, high = (float(v) for v in np.quantile(draws, [0.5 - level / 2, 0.5 + level / 2]))
     return {"difference": point, "ratio": float(np.exp(point)), "low": low, "high": high,
+            "sd": float(draws.std(ddof=1)) if len(draws) > 1 else math.nan,
             "ratio_low": float(np.exp(low)), "ratio_high": float(np.exp(high)), "level": level,
             "n_boot": n_boot, "n_boot_valid": len(draws), "seeds": len(seeds), "paired": paired,
             "samples": int(sum(len(x[0]) for x, _ in sides))}
+
+
+def log_gen_ppl(samples: SampleNLL) -> float:
+    """log of the corpus-level Gen.PPL of a method's valid samples on one seed."""
+    return _log_ppl(*_nll_arrays(samples, 0))
 
 
 def _nll_arrays(samples: SampleNLL, seed: int) -> tuple[np.ndarray, np.ndarray]:
