@@ -210,6 +210,7 @@ description = "tiny end-to-end suite for tests"
 backbone = "{tiny_model_dir}"
 corpus = "{corpus}"
 evaluator = "{tiny_model_dir}"
+evaluator_is_backbone = true
 seeds = [0]
 [locate]
 tokens = 200

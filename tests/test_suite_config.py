@@ -349,3 +349,35 @@ def test_resolving_the_device_changes_no_job_key(monkeypatch):
     for kind, key in run.store.keys:
         first.setdefault(kind, key)
     assert config.device == "cuda" and first == FIRST_JOBS["smoke"]
+
+
+# --- the scorer is not the generator -------------------------------------------------------------
+
+
+def test_a_suite_scoring_with_its_own_backbone_is_refused_unless_it_says_so():
+    from dihal_bench.config.suite import check_scorer
+
+    _, diagnostic = resolve_suite("diagnostic")
+    check_scorer(diagnostic)  # Gemma-3-270M scores SmolLM2's text
+    own = apply_overrides(diagnostic, {"evaluator": json.dumps(diagnostic.backbone)})
+    with pytest.raises(DihalError, match=r"evaluator is the backbone \(smollm2-135m\).*evaluator_is_backbone = true"):
+        check_scorer(own)
+    check_scorer(apply_overrides(own, {"evaluator_is_backbone": "true"}))
+    # the suites that name their backbone as evaluator say so, and the paper suite uses the field's scorer
+    for name in ("smoke", "sanity", "sanity-4x"):
+        _, config = resolve_suite(name)
+        assert config.evaluator == config.backbone and config.evaluator_is_backbone
+        check_scorer(config)
+    _, paper = resolve_suite("paper")
+    assert paper.evaluator == "openai-community/gpt2-large" and not paper.evaluator_is_backbone
+
+
+def test_the_run_command_refuses_a_suite_that_scores_with_its_backbone_before_any_work(tmp_path):
+    from click.testing import CliRunner
+
+    from dihal_bench.cli import cli
+
+    result = CliRunner().invoke(cli, ["run", "--suite", "diagnostic", "--evaluator", "smollm2-135m", "--dry-run",
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "Error:" in result.output and "evaluator_is_backbone" in result.output
+    assert not (tmp_path / "runs").exists()

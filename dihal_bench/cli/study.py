@@ -72,13 +72,14 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
 
     With --executor ray the job store (--out) must be on a filesystem every Ray worker mounts at the
     same path (docs/executors.md)."""
-    from dihal_bench.config.suite import resolved_config
+    from dihal_bench.config.suite import check_scorer, resolved_config
     from dihal_bench.study.executors import make_executor
     from dihal_bench.study.preflight import check_store_free, check_suite
     from dihal_bench.study.runner import run_suite
 
     name, config = resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device, dtype)
     config = resolved_config(config)
+    check_scorer(config, f"suite {name}")
     if gpus is not None and not (dry_run and executor == "ray"):
         raise DihalError("--gpus plans a schedule: use it with --dry-run --executor ray (a run uses the "
                          "cluster's devices; --workers caps the actors)")

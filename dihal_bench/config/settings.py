@@ -152,6 +152,8 @@ class SuiteConfig(_Table):
     backbone: str
     corpus: str
     evaluator: str
+    #: the suite says, on purpose, that its evaluator is its backbone (docs/method.md#metrics)
+    evaluator_is_backbone: bool
     seeds: tuple[int, ...]
     device: str
     dtype: str

@@ -49,6 +49,9 @@ DEFAULTS: dict = {
     "backbone": "smollm2-135m",
     "corpus": "stdlib-docs",
     "evaluator": "gemma3-270m",
+    # a model judging text its own upper layers wrote favours the hybrid and every row sharing its
+    # weights: a suite whose evaluator is its backbone must say so (check_scorer)
+    "evaluator_is_backbone": False,
     "seeds": [0],
     "device": AUTO,
     "dtype": AUTO,
@@ -138,6 +141,16 @@ def resolve_suite(name_or_path: str) -> tuple[str, SuiteConfig]:
         return Path(name_or_path).stem, load_suite_file(Path(name_or_path))
     registry.get("suite", name_or_path)  # raises: unknown suite, listing the known ones
     raise AssertionError("unreachable")
+
+
+def check_scorer(config: SuiteConfig, source: str = "suite") -> None:
+    """Refuse a suite that scores its samples with its own backbone unless it says so
+    (``evaluator_is_backbone = true``): the evaluator would judge text its own layers wrote. Names are
+    compared, so a copy of the backbone under another name is not caught."""
+    if config.evaluator == config.backbone and not config.evaluator_is_backbone:
+        raise DihalError(f"{source}: the evaluator is the backbone ({config.backbone}), which would score text its "
+                         "own layers wrote; name another evaluator (--evaluator) or set evaluator_is_backbone = true "
+                         "to accept it (the tables then say so)")
 
 
 def apply_overrides(config: SuiteConfig, assignments: dict[str, str]) -> SuiteConfig:
@@ -283,6 +296,7 @@ RULES = {
     "backbone": _string,
     "corpus": _string,
     "evaluator": _string,
+    "evaluator_is_backbone": _bool,
     "seeds": _seeds,
     "device": _string,
     "dtype": lambda v, k, s: _string(v, k, s, (AUTO, *DTYPES)),
