@@ -267,9 +267,14 @@ def _logit(values: np.ndarray) -> np.ndarray:
 
 def _import_mauve():
     try:
+        import faiss
         import mauve
     except ImportError:
         raise DihalError('MAUVE needs mauve-text: pip install "dihal-bench[mauve]"') from None
+    # k-means over a few hundred points is too small to share out: on a busy 2-core machine faiss's
+    # OpenMP threads spin-wait, and 51 MAUVE calls took 2.3 s with 2 threads against 0.35 s with one;
+    # one thread also gives the same clustering whatever the machine's core count
+    faiss.omp_set_num_threads(1)
     return mauve
 
 
