@@ -270,3 +270,18 @@ def test_latency_is_decided_by_an_interval_over_seeds_of_their_rounds():
     # a record from before rounds were kept: one median, no spread to decide on
     (median_only,) = latency_group([None], [0.89])
     assert median_only.verdict == NOT_SHOWN and "no spread" in median_only.interval
+
+
+def test_a_correlation_that_is_not_shown_says_how_many_seeds_would_decide_it():
+    errors = [0.1 * layer for layer in LAYERS]
+    # five swept layers a seed, S(ℓ) ranking them nearly as the error does on one seed (ρ = 0.9) and
+    # loosely on the other (ρ = 0.3): neither significantly above 0 nor below 0.91 with so few layers
+    scores = ([-0.1, -0.3, -0.2, -0.4, -0.5], [-0.3, -0.5, -0.1, -0.2, -0.4])
+    entries = []
+    for seed, score in enumerate(scores):
+        short = entry(seed, score + [-1.0] * 7, errors, {})
+        short["sweep"]["layers"] = short["sweep"]["layers"][:5]
+        entries.append(short)
+    (row,) = [r for r in evaluate([group_of(entries)]) if r.claim.startswith("S(ℓ)")]
+    assert row.verdict == NOT_SHOWN
+    assert "seeds needed for 80% power" in row.interval and "Fisher z of ρ against 0" in row.interval

@@ -156,6 +156,10 @@ def correlation_claim(group: Group) -> Claim:
         verdict = REPRODUCED
     else:
         verdict = NOT_SHOWN
+        # on Fisher's z scale, each seed's ρ with Bonett & Wright's variance, against ρ = 0
+        z = [math.atanh(max(-0.999999, min(0.999999, r))) for r in rhos]
+        within = [(1 + r * r / 2) / (len(s.layers) - 3) for r, s in zip(rhos, per_seed)]
+        interval += "; " + seeds_needed(z, within).text() + " (Fisher z of ρ against 0)"
     return Claim(claim, measurement, rule, interval, verdict)
 
 
