@@ -99,15 +99,52 @@ def from_record(path: Path, calibrated: bool) -> tuple[dict, dict]:
     return report, {"record": path.name, "suite": record["suite"], "seeds": record["seeds"]}
 
 
+#: the issue's bar: a stage's estimate within 25% of what it took
+WITHIN = (0.80, 1.25)
+
+
+def from_gpu_json(path: Path) -> dict:
+    """Per-stage estimated/measured ratios recomputed from a GPU run's JSON: ``gpu_shapes_h200.json``
+    (``figures.stages``: the calibrated dry run's per-stage estimate and the summed job seconds) or
+    ``gpu_check.py``'s (``runs[].stages``: each record's own estimate against its timings). The
+    former holds the estimate the rates gave, not the rates themselves (``estimate.rates``) nor the
+    job counts per stage, so a changed price model cannot be re-applied to it: a GPU run of
+    gpu_check.py records both (the run record's ``estimate`` and ``job_times``)."""
+    data = json.loads(path.read_text())
+    if data.get("benchmark") == "gpu_check":
+        runs = {f"{run['suite']}/{run['dtype']}": run["stages"] for run in data["runs"]}
+    else:
+        runs = {data["settings"]["suite"]: data["figures"]["stages"]}
+    report = {}
+    for name, stages in runs.items():
+        rows = []
+        for stage, figures in stages.items():
+            estimated, measured = figures["estimated_s"], figures["measured_s"]
+            ratio = estimated / measured if measured else None
+            within = ratio is not None and WITHIN[0] <= ratio <= WITHIN[1]
+            rows.append([stage, f"{estimated:.1f}", "-" if measured is None else f"{measured:.1f}",
+                         "-" if ratio is None else f"{ratio:.2f}", "-" if ratio is None else ("yes" if within else "no")])
+            report.setdefault(name, {})[stage] = {"estimated_s": estimated, "measured_s": measured, "ratio": ratio,
+                                                  "within_25pct": within if ratio is not None else None}
+        print(f"{path.name}: {name}")
+        print(tabulate(rows, headers=["stage", "estimated s", "measured s", "estimated/measured", "within 25%"]))
+    return report
+
+
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--suite", default="smoke")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="a suite override, as `dihal-bench run --set`")
     parser.add_argument("--record", type=Path, help="compare with this run record's stage times; run nothing")
+    parser.add_argument("--gpu-json", type=Path, help="recompute the per-stage ratios of a GPU run's JSON "
+                        "(gpu_shapes_h200.json or gpu_check.py's); run nothing")
     parser.add_argument("--calibrate", action="store_true",
                         help="with --record: also the estimate from rates measured on this machine now")
     args = parser.parse_args()
+    if args.gpu_json is not None:
+        common.report("eta", {"stages": from_gpu_json(args.gpu_json)}, {"gpu_json": args.gpu_json.name}, args.json)
+        return
     if args.record is not None:
         report, settings = from_record(args.record, args.calibrate)
         common.report("eta", {"stages": report}, settings, args.json)

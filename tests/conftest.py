@@ -7,6 +7,7 @@ Everything is built in-process from code and fixed seeds: no download, no file o
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import random
 import string
 from collections.abc import Callable
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from dihal_builtin import compat
 from dihal_builtin.hf_backbone import HFBackbone
+from packaging.requirements import Requirement
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     Gemma3ForCausalLM,
@@ -32,6 +35,27 @@ from dihal_bench.registry.plugins import (
     register_plugin,
     unregister_plugin,
 )
+
+#: the direct dependencies whose installed versions the report header names (CI runs both ends of their ranges)
+HEADER_PACKAGES = ("torch", "transformers", "peft", "datasets", "numpy", "pandas", "gguf")
+
+
+def declared_requirement(name: str) -> Requirement:
+    """dihal-bench's declared requirement on ``name``, as installed (pyproject.toml's line)."""
+    for line in importlib.metadata.requires("dihal-bench") or ():
+        requirement = Requirement(line)
+        if requirement.name == name and not requirement.marker:
+            return requirement
+    raise LookupError(f"dihal-bench declares no requirement on {name}")
+
+
+def pytest_report_header(config):
+    """The versions this run tested, each beside its declared range, and which names the
+    installed transformers uses (plugins/dihal_builtin/compat.py), at the top of the output."""
+    versions = ", ".join(f"{name} {importlib.metadata.version(name)} ({declared_requirement(name).specifier})"
+                         for name in HEADER_PACKAGES)
+    return [f"dihal-bench tested with: {versions}", f"transformers names: {compat.describe()}"]
+
 
 #: the tiny models' vocabulary; the tokenizer uses ids 0..102 of it
 TINY_VOCAB = 128

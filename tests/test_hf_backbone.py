@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from conftest import declared_requirement
+from dihal_builtin import compat
 from dihal_builtin.hf_backbone import HFBackbone, resolve_dtype
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -277,7 +280,8 @@ def test_from_pretrained_directory_without_weights_is_a_clear_error(tiny_model_d
     for file in Path(tiny_model_dir).iterdir():
         if file.name != "model.safetensors":
             shutil.copy(file, tmp_path)
-    with pytest.raises(DihalError, match=rf"^cannot load backbone '{tmp_path}': .*no file named model.safetensors"):
+    # 4.x lists every weight format it looked for, 5.x the safetensors one alone
+    with pytest.raises(DihalError, match=rf"^cannot load backbone '{tmp_path}': .*no file named .*model.safetensors"):
         HFBackbone.from_pretrained(str(tmp_path))
 
 
@@ -301,3 +305,67 @@ def test_describe_and_tokenizer_read_no_weights_and_match_the_loaded_backbone(ti
     text = "def f(x):\n    return x"
     tokenizer = hf.pretrained_tokenizer(str(bare))
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_installed_transformers_is_in_the_declared_range(record_property):
+    """CI runs this under the newest and the lowest resolution: the version it ran under is
+    in the report header (conftest.py) and here, as a recorded property."""
+    installed = transformers.__version__
+    record_property("transformers", installed)
+    specifier = declared_requirement("transformers").specifier
+    assert specifier.contains(installed, prereleases=True), f"transformers {installed} is outside {specifier}"
+
+
+class _OldLayer(torch.nn.Module):
+    """A decoder layer with 4.53's keywords: the singular cache name and cache_position."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_value=None,
+                use_cache=False, cache_position=None, position_embeddings=None):
+        self.seen = {"cache": past_key_value, "cache_position": cache_position, "rotary": position_embeddings}
+        return (hidden_states + 1,)
+
+
+class _TwoTableLayer(torch.nn.Module):
+    """Gemma3's 4.x decoder layer: both rotary tables, the plural cache name."""
+
+    def forward(self, hidden_states, position_embeddings_global, position_embeddings_local, attention_mask=None,
+                position_ids=None, past_key_values=None, use_cache=False, cache_position=None, **kwargs):
+        self.seen = {"cache": past_key_values, "global": position_embeddings_global,
+                     "local": position_embeddings_local, "extra": kwargs}
+        return hidden_states * 2
+
+
+class _NewLayer(torch.nn.Module):
+    """5.24's keywords: ``cache``, no cache_position; anything else would land in ``kwargs``."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        self.seen = {"cache": cache, "extra": kwargs}
+        return hidden_states
+
+
+@pytest.mark.parametrize("layer_class", [_OldLayer, _TwoTableLayer, _NewLayer])
+def test_compat_passes_each_release_s_keywords(layer_class):
+    hidden, positions, marker = torch.zeros(1, 3, 2), torch.arange(5, 8)[None], object()
+    rotary = {"full_attention": "global", "sliding_attention": "local"}
+    layer = layer_class()
+    out = compat.run_layer(layer, hidden, mask=None, rotary=rotary, kind="sliding_attention", positions=positions,
+                           cache_object=marker)
+    assert layer.seen["cache"] is marker
+    assert layer.seen.get("extra", {}) == {}  # no keyword of another release slipped into **kwargs
+    if layer_class is _OldLayer:
+        assert torch.equal(layer.seen["cache_position"], torch.arange(5, 8)) and layer.seen["rotary"] == "local"
+        assert torch.equal(out, hidden + 1)
+    if layer_class is _TwoTableLayer:
+        assert (layer.seen["global"], layer.seen["local"]) == ("global", "local")
+        assert compat.needs_all_rotaries([layer]) and not compat.needs_all_rotaries([_NewLayer()])
+
+
+def test_compat_refuses_a_layer_without_a_cache_argument():
+    class Layer(torch.nn.Module):
+        def forward(self, hidden_states, attention_mask=None):
+            return hidden_states
+
+    with pytest.raises(DihalError, match=r"^Layer.forward takes no cache argument"):
+        compat.run_layer(Layer(), torch.zeros(1, 1, 1), mask=None, rotary={"full_attention": None},
+                         kind="full_attention", positions=torch.zeros(1, 1, dtype=torch.long), cache_object=None)

@@ -9,20 +9,16 @@ the result against the library's own forward pass.
 
 from __future__ import annotations
 
-import inspect
 import math
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
-from transformers.masking_utils import (
-    create_causal_mask,
-    create_sliding_window_causal_mask,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.errors import DihalError
+from dihal_builtin import compat
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -90,7 +86,7 @@ class HFBackbone(Backbone):
         self.device, self.dtype = param.device, param.dtype
         config = base.config
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
-        self._rotary_takes_layer_type = "layer_type" in inspect.signature(base.rotary_emb.forward).parameters
+        self._all_rotaries = compat.needs_all_rotaries(base.layers)
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
 
     @classmethod
@@ -167,28 +163,20 @@ class HFBackbone(Backbone):
         positions = torch.arange(hidden.shape[1], device=self.device)[None] + position_offset
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
-        builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
         masks, rotary = {}, {}
         for kind in dict.fromkeys(self.layer_types[start:end]):
-            if kind not in builders:
+            if kind not in compat.LAYER_KINDS:
                 raise DihalError(f"{self.name}: unsupported layer type {kind!r}")
             first = next(i for i in range(start, end) if self.layer_types[i] == kind)
-            masks[kind] = builders[kind](
-                config=self.base.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                cache=cache, position_ids=positions, layer_idx=first,
-            )
-            rotary[kind] = (
-                self.base.rotary_emb(hidden, positions, kind)
-                if self._rotary_takes_layer_type
-                else self.base.rotary_emb(hidden, positions)
-            )
+            masks[kind] = compat.build_mask(kind, self.base.config, hidden, attention_mask, cache, positions, first)
+        # a layer that takes both kinds' tables gets both, whichever kinds the range holds
+        kinds = compat.LAYER_KINDS if self._all_rotaries else masks
+        for kind in kinds:
+            rotary[kind] = compat.rotary_tables(self.base, hidden, positions, kind)
         for i in range(start, end):
             kind = self.layer_types[i]
-            out = self.base.layers[i](
-                hidden, attention_mask=masks[kind], position_embeddings=rotary[kind],
-                position_ids=positions, cache=cache, use_cache=cache is not None,
-            )
-            hidden = out[0] if isinstance(out, tuple) else out
+            hidden = compat.run_layer(self.base.layers[i], hidden, mask=masks[kind], rotary=rotary, kind=kind,
+                                      positions=positions, cache_object=cache)
             if collect is not None:
                 collect.append(hidden)
         return hidden
@@ -208,7 +196,7 @@ class HFBackbone(Backbone):
         return self._head(hidden)
 
     def new_cache(self):
-        return DynamicCache(config=self.base.config)
+        return compat.new_cache(self.base.config)
 
     @torch.no_grad()
     def logits(self, input_ids, attention_mask=None):
