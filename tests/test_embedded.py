@@ -273,7 +273,7 @@ def test_shape_and_tokenizer_come_from_a_verified_cache_without_the_weights(tiny
     load_embedded("tiny", gguf)
     directory = cache_folder(tmp_path / "cache")
     (directory / "model.safetensors").unlink()
-    assert embedded.describe_embedded("tiny", gguf) == {"layers": 2, "width": 32}
+    assert embedded.describe_embedded("tiny", gguf) == {"layers": 2, "width": 32, "vocab": 128}
     text = "x = [1, 2]\n"
     assert embedded.embedded_tokenizer("tiny", gguf)(text)["input_ids"] == char_tokenizer(text)["input_ids"]
     flip_last_byte(directory / "config.json")  # no longer what the manifest recorded

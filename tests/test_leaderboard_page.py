@@ -307,3 +307,46 @@ def test_the_committed_leaderboards_are_what_publishing_the_committed_records_ma
     assert set(cited) == {path.name for path in COMMITTED_RESULTS.glob("*.json")}
     assert page_citation(COMMITTED_LEADERBOARDS / "leaderboard.html") == cited
     assert picture_citation(COMMITTED_LEADERBOARDS / "leaderboard.png") == cited
+
+
+# --- each number linked to where it comes from ---------------------------------------------------
+
+
+def test_every_number_on_the_page_links_to_its_records_and_sample_files(tmp_path, monkeypatch):
+    """A number never breaks from its spread (its cell is td.num, which the page's style keeps on one
+    line), links to an anchor on the page, and names each seed's value and record on hover; the anchor's
+    sources link the record files and, where the job store is at hand in the project, the sample files."""
+    monkeypatch.chdir(tmp_path)  # the records name their job store relative to where the run ran
+    results, out = tmp_path / "results", tmp_path / "leaderboards"
+    results.mkdir()
+    records(results, {"a.json": [0, 1]})
+    (tmp_path / "runs" / "jobs").mkdir(parents=True)
+    (tmp_path / "runs" / "jobs" / "s.jsonl").write_text("{}\n")
+    build_leaderboards(results, out, ("html",), warn=lambda message: None)
+    page = (out / "leaderboard.html").read_text()
+    assert re.search(r"td\.num \{[^}]*white-space: nowrap", page)
+
+    numbers = re.findall(r'<td class="num" data-sort="[^"]*">(.*?)</td>', page, re.S)
+    assert numbers and not re.findall(r"<td data-sort", page)  # every numeric cell is a td.num
+    ids = set(re.findall(r' id="([^"]+)"', page))
+    linked = [re.match(r'<a href="#([^"]+)" title="([^"]*)">', number) for number in numbers if number != "—"]
+    assert linked and all(linked)
+    assert {link[1] for link in linked} <= ids  # every link lands on the page
+    titles = [html.unescape(link[2]) for link in linked]
+    assert "seed 0: 10.00 (a.json)\nseed 1: 12.00 (a.json)" in titles  # DiHAL's Gen.PPL, seed by seed (POOLED)
+
+    hrefs = {html.unescape(href) for href in re.findall(r'<a href="([^"#][^"]*)">', page)}
+    assert (out / "../results/a.json").resolve() == (results / "a.json").resolve() and "../results/a.json" in hrefs
+    assert "../runs/jobs/s.jsonl" in hrefs and all((out / href).resolve().is_file() for href in hrefs)
+
+
+def test_a_sample_file_outside_the_project_is_named_not_linked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    project = tmp_path / "project"
+    (project / "results").mkdir(parents=True)
+    records(project / "results", {"a.json": [0]})
+    (tmp_path / "runs" / "jobs").mkdir(parents=True)  # the store the record names, outside the project
+    (tmp_path / "runs" / "jobs" / "s.jsonl").write_text("{}\n")
+    build_leaderboards(project / "results", project / "leaderboards", ("html",), warn=lambda message: None)
+    page = (project / "leaderboards" / "leaderboard.html").read_text()
+    assert "s.jsonl</span>" in page and 's.jsonl">' not in page

@@ -363,8 +363,10 @@ def handles_mine(reference: str) -> bool:
 def test_a_backbone_plugin_that_handles_a_reference_loads_it(inline_plugin):
     inline_plugin(one_hook_plugin("register_backbones", ("mine", mine_backbone, {"handles": handles_mine})), "mine")
     assert backbone_factory("mine:x") == (mine_backbone, ("mine:x",))
-    assert load_backbone("mine:x", device="cpu") == ("mine:x", {"device": "cpu"})
-    assert load_backbone("mine") == ("mine:default", {})  # by its registered name: no reference
+    assert backbone_factory("mine") == (mine_backbone, ())  # by its registered name: no reference
+    # loading calls the factory, then checks what it made: a tuple is no backbone, and is refused naming the plugin
+    with pytest.raises(DihalError, match=r"^backbone 'tuple' from mine \(not installed\): hidden_states failed"):
+        load_backbone("mine:x", device="cpu")
     assert backbone_factory("org/model")[1] == ("org/model",)  # the built-in hf still takes hub ids
     with pytest.raises(DihalError, match=r"^unknown backbone 'yours:x'; known: gemma3-270m, hf, mine, "
                                          r"smollm2-135m; or a reference handled by hf \(.*\); mine \(.*\)$"):

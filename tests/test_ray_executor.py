@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the local run on one
 
 #: what differs between two runs of the same suite that compute the same numbers: when and where
 #: the record was made, and wall-clock measurements
-RECORD_EXCLUDED = ("created", "environment", "timings", "jobs", "integrity")
+# measurements of the invocation, not results; and under Ray the stages' jobs are not the driver's to count
+RECORD_EXCLUDED = ("created", "environment", "timings", "contention", "provenance", "jobs", "integrity")
 PER_SEED_EXCLUDED = ("latency",  # every method's decode timings (and the latency job's result)
                      "timings",  # locate's extraction and proxy seconds
                      "train_seconds", "wall_seconds")  # training wall time of bridges and baselines
@@ -52,8 +53,10 @@ def comparable(record: dict) -> dict:
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
-    return {**{k: v for k, v in record.items() if k not in RECORD_EXCLUDED and k != "per_seed"},
-            "per_seed": strip(record["per_seed"])}
+    # the stages' FLOPs are counted from shapes (equal); their seconds and FLOP/s are wall clock
+    compute = {stage: entry["flops"] for stage, entry in record["compute"].items()}
+    return {**{k: v for k, v in record.items() if k not in (*RECORD_EXCLUDED, "per_seed", "compute")},
+            "compute": compute, "per_seed": strip(record["per_seed"])}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +139,9 @@ def test_the_ray_executor_gives_the_local_executors_record(ray_run, local_record
     assert len(executor.pids) == 2
     # each unit's time on its worker, under its own stage
     assert {"locate", "sweep", "dihal", "metrics", "latency", "total_seconds"} <= set(record["timings"])
+    # the work ran in the workers: the driver says so instead of passing off its own CPU time or jobs
+    assert all(e["where"] == "other processes" and e["cpu_share"] is None for e in record["contention"].values())
+    assert all(stage["jobs"] is None for stage in record["provenance"]["stages"].values())
 
 
 def test_the_cli_joins_a_cluster_by_address_redoes_nothing_and_keeps_stderr_clean(

@@ -264,6 +264,22 @@ def test_the_record_keeps_the_estimate_the_run_made_before_it_started(uninterrup
     assert rates["trained"] > 0 and rates["forward"] > 0 and rates["baselines"] == {}  # assumed: nothing timed whole
 
 
+def test_the_record_says_which_revision_did_each_stage_and_how_busy_the_machine_was(uninterrupted_record):
+    record = uninterrupted_record
+    revision = record["environment"]["git_revision"]
+    contention, stages = record["contention"], record["provenance"]["stages"]
+    # the executor's stages (the methods are one), every one measured in this process
+    assert set(contention) == set(stages) and {"locate", "sweep", "methods", "metrics", "latency"} <= set(contention)
+    assert sum(entry["wall_s"] for entry in contention.values()) <= record["timings"]["total_seconds"]
+    for stage, entry in contention.items():
+        assert entry["where"] == "this process" and entry["threads"] >= 1, stage
+        assert entry["cpu_share"] == pytest.approx(entry["cpu_s"] / (entry["wall_s"] * entry["threads"])), stage
+    # one invocation on a fresh store: every job was done by the revision the environment names
+    assert all(stage["process"] == revision for stage in stages.values())
+    assert all([job["revision"] for job in stage["jobs"]] == [revision] for stage in stages.values())
+    assert record["provenance"]["revisions"] == [{"revision": revision, "stages": list(stages)}]
+
+
 def test_the_dry_run_plan_is_the_list_of_units_the_runner_did(tiny_suite, uninterrupted_record):
     from dihal_bench.study.plan import seed_units
 

@@ -100,10 +100,10 @@ def test_a_worker_holds_the_backbone_and_a_distinct_evaluator_in_the_suites_dtyp
     assert smol and gemma
     _, smoke = resolve_suite("smoke")  # the evaluator is the backbone: held once
     _, diagnostic = resolve_suite("diagnostic")
-    _, paper = resolve_suite("paper")  # bfloat16
+    _, paper = resolve_suite("paper")  # bfloat16, scored by gpt2-large (its size is known, not in its name)
     assert estimate.worker_memory(smoke) == int(smol * 4)
     assert estimate.worker_memory(diagnostic) == int((smol + gemma) * 4)
-    assert estimate.worker_memory(paper) == int(8e9 * 2)
+    assert estimate.worker_memory(paper) == int((8e9 + 774e6) * 2)
     assert estimate.worker_memory(dataclasses.replace(smoke, evaluator="some/model-without-a-size")) is None
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.base.files import (
     atomic_path,
     file_sha256,
@@ -83,6 +84,14 @@ class Baseline(ABC):
     def sampling_options(self) -> dict:
         """The options that shape sampling (steps, temperature, ...), for the run record."""
         return {}
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount | None:
+        """Optional: the method's training FLOPs in all and inference FLOPs per generated token,
+        from ``work`` (the backbone's shape, the recorded parameters by role, the budget, the
+        sampling options; docs/method.md#counting-compute). None, the default, reads "unknown":
+        a plugin that does not count is never given a number."""
+        return None
 
     def config(self) -> dict:
         """JSON-able description that rebuilds the same architecture: ``cls(backbone, budget, seed, **options)``,

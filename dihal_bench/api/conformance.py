@@ -1,5 +1,7 @@
 """Conformance check for backbone plugins: can the layer stack be entered at every index, and
-does a truncated pass (``hidden_states(..., up_to=ℓ)``) give what the full pass gives?"""
+does a truncated pass (``hidden_states(..., up_to=ℓ)``) give what the full pass gives? And the
+cheap check every loaded backbone gets (`check_states`): one pass of a few tokens, whose hidden
+states must be what the contract says, before anything is computed or stored from them."""
 
 from __future__ import annotations
 
@@ -66,3 +68,48 @@ def check_backbone(backbone: Backbone, tolerance: float = DEFAULT_TOLERANCE) -> 
         "truncated_relative_diff": truncated,
         "passed": worst <= tolerance * scale and max(truncated) <= tolerance,
     }
+
+
+#: tokens in the probe that `check_states` runs: enough for a (B, T, d) shape to be unambiguous
+STATE_PROBE_TOKENS = 5
+
+
+@torch.no_grad()
+def check_states(backbone: Backbone, source: str) -> None:
+    """DihalError naming the plugin (``source``) unless ``backbone.hidden_states`` of a 2-row
+    probe gives ``num_layers + 1`` tensors of shape (2, T, width), each of the backbone's floating
+    dtype and finite: a plugin whose states are off would otherwise train bridges and fill records
+    with numbers of the wrong thing."""
+    rows, length = 2, STATE_PROBE_TOKENS
+    name = getattr(backbone, "name", type(backbone).__name__)
+    try:
+        layers, width, vocab = int(backbone.num_layers), int(backbone.width), int(backbone.vocab_size)
+        ids = (torch.arange(rows * length).reshape(rows, length) % max(vocab, 1)).to(backbone.device)
+        states = backbone.hidden_states(ids, torch.ones_like(ids))
+    except DihalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the plugin's code: one line naming it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DihalError(f"backbone {name!r} from {source}: hidden_states failed on a "
+                         f"{rows}x{length} probe: {type(exc).__name__}: {first}".rstrip(": ")) from None
+    problem = _states_problem(states, layers, (rows, length, width), getattr(backbone, "dtype", None))
+    if problem:
+        raise DihalError(f"backbone {name!r} from {source}: hidden_states {problem}; the plugin breaks "
+                         "the backbone contract (dihal_bench.api.backbone): fix it or use another backbone")
+
+
+def _states_problem(states, layers: int, shape: tuple[int, int, int], dtype) -> str | None:
+    if not isinstance(states, (list, tuple)):
+        return f"returned a {type(states).__name__}, not a list of tensors"
+    if len(states) != layers + 1:
+        return f"returned {len(states)} states for {layers} layers (expected {layers + 1}: h_0..h_{layers})"
+    for index, state in enumerate(states):
+        if not isinstance(state, torch.Tensor):
+            return f"state {index} is a {type(state).__name__}, not a tensor"
+        if tuple(state.shape) != shape:
+            return f"state {index} has shape {tuple(state.shape)}, expected (batch, tokens, width) = {shape}"
+        if not state.dtype.is_floating_point or (isinstance(dtype, torch.dtype) and state.dtype != dtype):
+            return f"state {index} has dtype {state.dtype}, expected the backbone's {dtype}"
+        if not bool(torch.isfinite(state).all()):
+            return f"state {index} holds NaN or infinite values"
+    return None

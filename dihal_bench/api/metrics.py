@@ -111,6 +111,64 @@ class SampleSet:
         return [i for i, reason in enumerate(self.invalid_reasons(scored_tokens)) if reason is None]
 
 
+#: side values that count something: a non-negative int each
+COUNT_KEYS = ("n", "n_valid", "n_invalid")
+#: how the side values that hold one entry per sample end: as many entries as samples
+PER_SAMPLE_SUFFIX = "_per_sample"
+
+
+def metric_value_problem(metric: str, values: Any, n_samples: int) -> str | None:
+    """What makes ``values``, a metric's return value for ``n_samples`` samples, unfit for a
+    record, or None. The contract (docs/plugins.md): a dict of str keys; the metric's own value
+    (key ``metric``) a finite number or None (no value, with a reason under ``warning``); every
+    other value None, text, a finite number, or a list of them; counts (``n``, ``n_valid``,
+    ``n_invalid``, ``*_n``) non-negative ints; ``*_per_sample`` lists one entry per sample.
+    A NaN or an infinity is never a result: a metric without a value returns None."""
+    if not isinstance(values, dict):
+        return f"returned a {type(values).__name__}, not a dict of values"
+    for key, value in values.items():
+        if not isinstance(key, str):
+            return f"returned a key {key!r:.60} that is not a string"
+        where = f"value {key!r}"
+        if key == metric and not (value is None or _is_number(value)):
+            return f"{where} is {_shown(value)}, not a number or None"
+        if key in COUNT_KEYS or key.endswith("_n"):
+            if value is not None and not (_is_number(value) and float(value).is_integer() and value >= 0):
+                return f"{where} is {_shown(value)}, not a count (an integer >= 0)"
+        if isinstance(value, (list, tuple)):
+            if key.endswith(PER_SAMPLE_SUFFIX) and len(value) != n_samples:
+                return f"{where} has {len(value)} entries for {n_samples} samples"
+            bad = next((item for item in value if not _fits_record(item)), _FITS)
+            if bad is not _FITS:
+                return f"{where} holds {_shown(bad)}, not a finite number, text or None"
+        elif not _fits_record(value):
+            return f"{where} is {_shown(value)}, not a finite number, text or None"
+    return None
+
+
+_FITS = object()
+
+
+def _is_number(value: Any) -> bool:
+    # bool is an int subclass; numpy scalars are Real
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and np.isfinite(float(value))
+
+
+def _fits_record(value: Any) -> bool:
+    return value is None or isinstance(value, (str, bool)) or _is_number(value)
+
+
+def _shown(value: Any) -> str:
+    import numbers
+
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return repr(value.item() if hasattr(value, "item") else value)
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'…' if len(text) > 60 else ''}"
+
+
 @dataclass
 class MetricContext:
     """What a metric may use besides the samples.

@@ -9,6 +9,7 @@ target in one step.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -47,8 +48,14 @@ def atomic_path(path: Path) -> Iterator[Path]:
     ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # the temporary name is the target's plus a few characters: a target whose name is near
+        # the 255-byte limit gets a shortened prefix (the suffix keeps it recognisable)
+        short = path.name.encode("utf-8")[:200].decode("utf-8", errors="ignore")
+        fd, name = tempfile.mkstemp(prefix=f".{short}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    except OSError as exc:
+        raise write_failure(path, exc) from None
     os.close(fd)
     temporary = Path(name)
     try:
@@ -58,16 +65,51 @@ def atomic_path(path: Path) -> Iterator[Path]:
         # mkstemp creates 0600: right for a file being written, wrong for a result others read
         os.chmod(temporary, result_file_mode())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
+            raise write_failure(path, exc) from None
         raise
     _sync_folder(path.parent)
+
+
+#: errno of a write the machine refused (not a bug): what the user is told to do about each
+WRITE_FAULTS = {
+    errno.ENOSPC: "free space on that disk (or write elsewhere), then run the same command again",
+    errno.EDQUOT: "free space within your disk quota (or write elsewhere), then run the same command again",
+    errno.EROFS: "the file system is mounted read-only: write elsewhere, or remount it read-write",
+    errno.EACCES: "you may not write there: write elsewhere, or change the folder's permissions",
+    errno.EPERM: "you may not write there: write elsewhere, or change the folder's permissions",
+    errno.ENAMETOOLONG: "the file system does not take a name this long: use a shorter path",
+    errno.ENOTDIR: "a file stands where a folder is needed: move it, or write elsewhere",
+    errno.EIO: "the disk reported an I/O error: check it, then run the same command again",
+}
+
+
+def write_failure(path: Path, exc: OSError) -> DihalError:
+    """The one-line error for a write of ``path`` that the file system refused (a full disk, a
+    read-only mount): what happened and what to do. The target is untouched (the write was to a
+    temporary file, now removed); any other OSError is left to propagate as a bug."""
+    advice = WRITE_FAULTS.get(exc.errno, "check the folder, then run the same command again")
+    return DihalError(f"cannot write {path}: {exc.strerror or exc}; {advice}")
 
 
 def is_temporary(path: Path) -> bool:
     """Whether ``path`` is an `atomic_path` temporary file (one a kill left behind, if no
     write is under way)."""
     return path.name.startswith(".") and path.name.endswith(TEMPORARY_SUFFIX)
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Remove the `atomic_path` temporary files directly in ``folder`` and its subfolders: what
+    writes cut short by a kill left behind. Only safe while no write into ``folder`` is under
+    way (its writer holds the folder's lock). Returns the removed paths."""
+    removed = []
+    for path in sorted(Path(folder).rglob(f".*{TEMPORARY_SUFFIX}")) if Path(folder).is_dir() else []:
+        if is_temporary(path) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _sync_folder(folder: Path) -> None:

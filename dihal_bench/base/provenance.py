@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata
 import os
 import platform
+import socket
 import subprocess
 from pathlib import Path
 
@@ -34,16 +37,67 @@ def git_revision() -> str | None:
         return None
 
 
+@functools.cache
+def process_revision() -> str | None:
+    """:func:`git_revision` as read the first time this process asks (a run asks at its start):
+    the code a process runs is what it imported then, whatever is checked out later, so every job
+    it does is credited to that revision (dihal_bench.study.jobs)."""
+    return git_revision()
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The processor's model name: /proc/cpuinfo's first ``model name`` (Linux on x86; on ARM
+    Linux the field is often absent), else :func:`platform.processor` (macOS, Windows), else None."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def memory_bytes() -> int | None:
+    """The machine's physical memory in bytes (POSIX sysconf), None where it cannot be read."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+#: hex digits of the host name's sha256 a record keeps: enough to tell a few machines apart,
+#: too few to be worth reversing, and the name itself is never written
+HOST_DIGITS = 12
+
+
+def host_id() -> str | None:
+    """A short sha256 prefix of this machine's host name: which records ran on the same machine,
+    without recording the name."""
+    name = socket.gethostname()
+    return hashlib.sha256(name.encode("utf-8")).hexdigest()[:HOST_DIGITS] if name else None
+
+
 def environment() -> dict:
+    """Versions, the revision (:func:`process_revision`) and the hardware: CPU model, core count,
+    physical memory, torch's threads, the first CUDA device's name and how many there are, and
+    the host only as a sha256 prefix (:func:`host_id`)."""
+    cuda = torch.cuda.is_available()
     return {
         "dihal_bench": dihal_bench.__version__,
-        "git_revision": git_revision(),
+        "git_revision": process_revision(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "numpy": _version("numpy"),
         "platform": platform.platform(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "memory_bytes": memory_bytes(),
         "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_device_name(0) if cuda else None,
+        "cuda_devices": torch.cuda.device_count() if cuda else 0,
+        "host_sha256": host_id(),
     }

@@ -24,19 +24,17 @@ from dihal_bench.errors import DihalError
               help="Any of md, csv, html, latex; html also writes leaderboard.png, drawn from the same tables.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="runs/leaderboards", show_default=True,
               help="Where the tables go (the committed ones: leaderboards).")
-@click.option("--readme", type=click.Path(dir_okay=False, exists=True),
-              help="Also rewrite this file's generated blocks from the same records: each <!-- results:GROUP:start "
-                   "--> … <!-- results:GROUP:end --> with that group's compact methods table, and the claims table.")
-def leaderboard(results_dir, formats, out_dir, readme):
+@click.option("--readme", "readmes", multiple=True, type=click.Path(dir_okay=False, exists=True),
+              help="Also rewrite this file's generated blocks from the same records (give it once per file): "
+                   "each <!-- results:GROUP:start --> … <!-- results:GROUP:end --> with that group's compact "
+                   "methods table, and the claims table between <!-- claims:start --> and <!-- claims:end -->.")
+def leaderboard(results_dir, formats, out_dir, readmes):
     """Aggregate run records (mean ± std over seeds; pooled permutation and Holm p-values for the
     rank statistics) into method, sampling-steps, layer and proxy tables, the page and its picture.
 
     Publishing the committed tables is `dihal-bench leaderboard --results results --out leaderboards
-    --readme README.md`."""
-    from dihal_bench.base.files import write_bytes_atomic
-    from dihal_bench.leaderboard import build_leaderboards
-    from dihal_bench.leaderboard.read import read_groups
-    from dihal_bench.leaderboard.readme import embed_results
+    --readme README.md --readme docs/results.md`."""
+    from dihal_bench.leaderboard import publish
     from dihal_bench.study.preflight import check_writable
 
     if not Path(results_dir).is_dir():
@@ -49,15 +47,12 @@ def leaderboard(results_dir, formats, out_dir, readme):
     def warn(message: str) -> None:
         click.echo(f"Warning: {message}", err=True)
 
-    groups = read_groups(Path(results_dir), warn)
-    # the README's blocks first: a block naming no group fails before any file is written
-    text = None if readme is None else embed_results(Path(readme).read_text(encoding="utf-8"), groups)
-    paths = build_leaderboards(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
-                               warn=warn, groups=groups)
+    # atomic publish (docs/faults.md): the READMEs last, one publisher per --out folder
+    paths, texts = publish(Path(results_dir), Path(out_dir), tuple(f.strip() for f in formats.split(",")),
+                           [Path(readme) for readme in readmes], warn=warn)
     click.echo(f"wrote {len(paths)} files to {out_dir}")
-    if text is not None:
-        write_bytes_atomic(Path(readme), text.encode("utf-8"))
-        click.echo(f"wrote the result tables and the claims table into {readme}")
+    for readme in texts:
+        click.echo(f"wrote the generated tables into {readme}")
 
 
 @cli.command()

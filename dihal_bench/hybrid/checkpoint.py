@@ -53,11 +53,12 @@ def read_bridge_meta(directory: str | Path, *, trust_unverified: bool = False) -
     meta_path = Path(directory) / CHECKPOINT_META
     if not meta_path.is_file():
         raise DihalError(f"{directory} is not a bridge checkpoint: {CHECKPOINT_META} is missing")
+    check_inside(meta_path, directory)
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise DihalError(f"{meta_path} is not readable JSON ({str(exc).splitlines()[0]})") from None
-    problem = _meta_problem(meta)
+    problem = _meta_problem(meta) or _outside_path(meta, Path(directory))
     if problem:
         raise DihalError(f"{meta_path} is not a valid bridge description: {problem}")
     where = f"{meta_path}: config"
@@ -91,6 +92,29 @@ def _meta_problem(meta) -> str | None:
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def check_inside(path: Path, directory: str | Path) -> None:
+    """DihalError unless ``path``, its symlinks followed, is inside the checkpoint ``directory``:
+    a checkpoint is one folder, and a link out of it would read whatever file it names."""
+    folder = Path(directory).resolve()
+    target = Path(path).resolve()
+    if not target.is_relative_to(folder):
+        raise DihalError(f"{path} leads outside the bridge checkpoint {directory} (to {target}); refused: a "
+                         "checkpoint's files must be inside its folder (copy them in instead of linking)")
+
+
+def _outside_path(meta: dict, directory: Path) -> str | None:
+    """A top-level field of bridge.json that names a path leading outside ``directory``, if any:
+    the format names no file (the weights are always model.safetensors beside it), so such a
+    field is a crafted or foreign one, and nothing may be read through it. ``backbone`` is left
+    out: it names the model trained on (a local model folder is a path), compared, never read."""
+    for key, value in meta.items():
+        if key != "backbone" and isinstance(value, str) and ("/" in value or "\\" in value or value.startswith("~")):
+            named = (directory / Path(value).expanduser()).resolve()
+            if not named.is_relative_to(directory.resolve()):
+                return f"{key!r} names the path {value!r:.80}, outside the checkpoint's folder"
+    return None
+
+
 def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: int | None = None,
                            trust_unverified: bool = False):
     """``(bridge, layer)`` from a `save_bridge_checkpoint` directory, the bridge in eval mode on
@@ -118,6 +142,7 @@ def load_bridge_checkpoint(directory: str | Path, backbone: Backbone, *, layer: 
     weights = directory / CHECKPOINT_WEIGHTS
     if not weights.is_file():
         raise DihalError(f"bridge checkpoint {directory} has no {CHECKPOINT_WEIGHTS}")
+    check_inside(weights, directory)
     # without a recorded sha256 (only with trust_unverified) the weights are read unverified
     tensors = read_safetensors(weights, meta.get("weights_sha256"), recorded_in=directory / CHECKPOINT_META)
     try:

@@ -22,6 +22,16 @@ page and its picture (``leaderboard.png``), so none of them can show other recor
 rest; the page and the picture name those records (`render.citation`). A leaderboard file
 already in the output folder that this call would have written but did not (its group has no
 record any more) is named in a warning: it is stale.
+
+`publish` is the publish step (``dihal-bench leaderboard ... --readme FILE``), atomic in this
+sense (docs/faults.md): a reader of the output folder or of a README, at any moment, finds each
+file whole, its old content or its new, never a mix within a file; the READMEs are written
+after every table, page and plot, so a README never cites a table older than itself; one
+publisher at a time holds the output folder (`dihal_bench.base.locks.folder_lock`), so two never
+interleave their files; and the hidden temporary files a kill left behind are removed by the
+next publish. A publish cut short leaves some files new and the rest old; running it again
+completes it. The files are not swapped in as one set: a reader between two of them may see one
+new and one old.
 """
 
 from __future__ import annotations
@@ -29,17 +39,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from dihal_bench.base.files import write_bytes_atomic
+from dihal_bench.base.files import TEMPORARY_SUFFIX, is_temporary, remove_temporaries, write_bytes_atomic
+from dihal_bench.base.locks import folder_lock
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
-from dihal_bench.leaderboard.page import render_page
+from dihal_bench.leaderboard.page import Sources, render_page
 from dihal_bench.leaderboard.plot import PLOTS, page_picture, plots
 from dihal_bench.leaderboard.read import Group, read_groups
 
-__all__ = ["PUBLISHED_FORMATS", "build_leaderboards"]
+__all__ = ["PUBLISHED_FORMATS", "build_leaderboards", "publish"]
 
-#: What the publish step (``dihal-bench leaderboard --results results --out leaderboards --readme README.md``)
+#: What the publish step (``dihal-bench leaderboard --results results --out leaderboards --readme ...``)
 #: writes: every format, so that no committed table is older than the page.
 PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.
@@ -85,7 +96,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     if "md" in formats:
         files["index.md"] = render.render_index(groups, files).encode("utf-8")
     if "html" in formats:
-        files["leaderboard.html"] = render_page(built).encode("utf-8")
+        files["leaderboard.html"] = render_page(built, Sources(Path(results_dir), Path(out_dir))).encode("utf-8")
         files["leaderboard.png"] = page_picture(built)
     written = []
     for relative, data in files.items():
@@ -94,6 +105,35 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     for path in stale_files(Path(out_dir), set(files), formats):
         warn(f"{path} is stale: no record in {results_dir} makes it any more (delete it)")
     return written
+
+
+def publish(results_dir: Path, out_dir: Path, formats: Iterable[str], readmes: Sequence[Path] = (), *,
+            warn: Callable[[str], None] = print) -> tuple[list[Path], list[Path]]:
+    """The publish step: ``build_leaderboards`` from ``results_dir`` into ``out_dir``, then each
+    of ``readmes`` with its generated blocks rewritten from the same records, last; all of it
+    while holding ``out_dir`` (a second publish into it is refused at once). Every README block
+    is filled before any file is written, so a block naming no group fails with nothing written.
+    Returns (the leaderboard files, the READMEs) written."""
+    from dihal_bench.leaderboard.readme import embed_texts
+
+    out_dir, readmes = Path(out_dir), [Path(readme) for readme in dict.fromkeys(readmes)]
+    with folder_lock(out_dir, "leaderboard folder --out"):
+        # what an earlier publish cut short by a kill left: no writer is under way while we hold the folder
+        for readme in readmes:
+            for left in readme.parent.glob(f".{readme.name}.*{TEMPORARY_SUFFIX}"):
+                if is_temporary(left):
+                    left.unlink(missing_ok=True)
+        remove_temporaries(out_dir)
+        groups = read_groups(Path(results_dir), warn)
+        try:
+            texts = {readme: readme.read_text(encoding="utf-8") for readme in readmes}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DihalError(f"cannot read --readme: {exc}") from None
+        texts = embed_texts(texts, groups)
+        written = build_leaderboards(Path(results_dir), out_dir, formats, warn=warn, groups=groups)
+        for readme, text in texts.items():
+            write_bytes_atomic(readme, text.encode("utf-8"))
+    return written, list(texts)
 
 
 def stale_files(out_dir: Path, written: set[str], formats: Sequence[str]) -> list[Path]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from dihal_bench.leaderboard.degenerate import flag_label
+from dihal_bench.leaderboard.metric_warnings import warning_notes
 from dihal_bench.leaderboard.read import CORRELATION_SETS, Group, rank_series
 from dihal_bench.numerics.degenerate import ENTROPY_MARGIN
 from dihal_bench.numerics.stats import Stratum, holm, stratified_rank_test
@@ -182,6 +183,10 @@ def method_table(group: Group) -> Table:
         *(Column(f"{name}_intervals", f"{metrics[name]['display_name']} 95% CI per seed", "text", main=False)
           for name in bounded),
         *([Column("valid_samples", "Valid samples", "count")] if "valid_samples" in frame else []),
+        Column("train_pflop", "Train PFLOP", description="training FLOPs in all, frozen passes and target "
+               "extraction included, ÷ 10¹⁵ (docs/method.md#counting-compute)"),
+        Column("gflop_per_token", "GFLOP/token", description="inference FLOPs per generated token, steps × "
+               "denoiser, caches counted, ÷ 10⁹"),
         Column("latency_ms_per_token", "ms/token, batch 1"),
         Column("latency_ratio", "× backbone, batch 1"),
         *(Column(f"{name}_samples", f"{metrics[name]['display_name']} samples", "count", main=False)
@@ -242,13 +247,9 @@ def budget_label(rows: pd.DataFrame) -> str:
 
 
 def metric_notes(group: Group) -> list[str]:
-    """What the metrics warned about, and where the records disagree on one."""
-    everyone = {row["method"] for row in group.rows["methods"]}
-    notes = []
-    for (name, warning), warned in group.warnings.items():
-        which = "every method" if set(warned) == everyone else ", ".join(warned)
-        notes.append(f"{group.metrics[name]['display_name']} warns ({which}): {warning.rstrip('.')}.")
-    return notes + group.metric_notes
+    """What the metrics warned about, one note per kind of warning naming its rows once, and where
+    the records disagree on a metric."""
+    return warning_notes(group) + group.metric_notes
 
 
 def metric_table(group: Group) -> Table:

@@ -4,29 +4,42 @@ files — no request leaves the page (style, sort script and plots are inline).
 Per group: the methods table cut to the columns a reader ranks by (method, budget, the metrics
 that have a better direction, latency) with the rest one click away, the plots, the proxy and
 layer tables, and a few samples of each method. Each table says its n (seeds) once; a cell
-says its own only where it has fewer. Any column sorts by a click on its header. The page fits
-a 1400-pixel-wide window: a name breaks inside a word only where the word is longer than
-`render.LONGEST_UNBROKEN`, so no cell widens the page and no usual name is cut in two. The
-records the page was built from are named in each group's section and, for a machine, in a
-``<meta name="dihal-bench-records">`` element (`render.citation`), which the page's picture
-(`plot.page_picture`) carries too.
+says its own only where it has fewer. Any column sorts by a click on its header. A number and
+its spread stay on one line; a number is a link to where it comes from: hovering shows each
+seed's value and record, a click opens the group's sources, the record files (linked) and, per
+method and seed, the sample file the record names (linked where the job store is at hand), the
+commit and the machine. The page fits a 1400-pixel-wide window: a name breaks inside a word only
+where the word is longer than `render.LONGEST_UNBROKEN`, so no cell widens the page and no usual
+name is cut in two. The records the page was built from are named in each group's section and,
+for a machine, in a ``<meta name="dihal-bench-records">`` element (`render.citation`), which the
+page's picture (`plot.page_picture`) carries too.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from dihal_bench.leaderboard.aggregate import Table
+from dihal_bench.leaderboard.aggregate import Column, Table
 from dihal_bench.leaderboard.plot import Plot
 from dihal_bench.leaderboard.read import Group, one_line
 from dihal_bench.leaderboard.render import (
     CITATION_KEY,
+    breakable,
+    cell,
     citation,
+    format_number,
     html_document,
     html_table,
     provenance,
     seeds_note,
+    sort_key,
 )
 
 TITLE = "dihal-bench leaderboard"
@@ -53,6 +66,16 @@ th.text, td.text { text-align: left; }
 /* names break only where `breakable` marks them */
 th, td { overflow-wrap: break-word; }
 .word { white-space: nowrap; }
+/* a number and its "± spread" never part; the spread in smaller type, the cells compact, so that a
+   methods table of a dozen such columns fits the window; one still wider scrolls in its own box */
+td.num { white-space: nowrap; }
+td.num .sd { font-size: .8em; color: #424a53; }
+table.sortable { font-size: .8125rem; }
+table.sortable th, table.sortable td { padding: .3rem .35rem; }
+div.wide { max-width: 100%; overflow-x: auto; }
+td.num a { color: inherit; text-decoration: none; border-bottom: 1px dotted #8c959f; }
+td.num a:hover { color: #0b57d0; border-bottom-color: #0b57d0; }
+table.sources td { text-align: left; }
 tbody tr:hover { background: #f3f6f9; }
 table.sortable th { cursor: pointer; }
 table.sortable th:hover { background: #eef1f4; }
@@ -72,9 +95,10 @@ figcaption { font-size: .85rem; color: #59636e; }
                white-space: pre-wrap; overflow-wrap: anywhere; font: .85rem/1.4 ui-monospace, monospace; }
 """
 
-#: Click (or Enter on) a header: rows sort by that column, again to reverse. Cells sort by
-#: their data-sort number where they have one, else by their text; a cell with no value
-#: (data-sort="") goes last either way.
+#: The page's one script. Click (or Enter on) a header: rows sort by that column, again to
+#: reverse. Cells sort by their data-sort number where they have one, else by their text; a
+#: cell with no value (data-sort="") goes last either way. A click on a number's link opens
+#: the <details> that holds its sources (a closed one would hide its target).
 SORT_SCRIPT = """
 function compareKeys(a, b, ascending) {
   if (a === "" || b === "") return (a === "") - (b === "");
@@ -101,11 +125,157 @@ for (const table of document.querySelectorAll("table.sortable")) {
     });
   });
 }
+function openTarget() {
+  const target = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  for (let node = target; node; node = node.parentElement) if (node.tagName === "DETAILS") node.open = true;
+  if (target) target.scrollIntoView();
+}
+addEventListener("hashchange", openTarget);
+openTarget();
 """
 
 INTRO = ("Run records pooled by suite, backbone and evaluator. ↑: higher is better, ↓: lower is better, "
          "as each metric declares; a column without an arrow has no better direction. "
-         "Click a column header to sort by it.")
+         "Click a column header to sort by it; hover over a number for each seed's value and record, "
+         "click it for its records and sample files.")
+
+
+@dataclass
+class Sources:
+    """Where the page links a number to: the record files (``results_dir``) and the sample files
+    their job stores hold, as paths relative to the page's folder (``out_dir``)."""
+
+    results_dir: Path | None = None
+    out_dir: Path | None = None
+    _records: dict[str, dict] = field(default_factory=dict)
+
+    def record(self, name: str) -> dict:
+        """The record file's top level as stored (its job store and environment), {} where unreadable."""
+        if name not in self._records:
+            try:
+                self._records[name] = json.loads((self.results_dir / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError, TypeError):
+                self._records[name] = {}
+        return self._records[name]
+
+    def href(self, path: Path) -> str:
+        return Path(os.path.relpath(path.resolve(), self.out_dir.resolve())).as_posix()
+
+    def record_link(self, name: str) -> str:
+        if self.results_dir is None or self.out_dir is None:
+            return html.escape(name)
+        return f'<a href="{html.escape(self.href(self.results_dir / name))}">{html.escape(name)}</a>'
+
+    def samples_link(self, name: str, path: str) -> str:
+        """The sample file a record names: linked where its job store is at hand in the records' project
+        (``runs/`` beside ``runs/results``), else its path and why. A store elsewhere (a temporary
+        folder) is not linked: a published page must not point into one machine's file system."""
+        jobs = self.record(name).get("jobs") if self.results_dir is not None and self.out_dir is not None else None
+        store = Path(jobs) if isinstance(jobs, str) and jobs else None
+        project = self.results_dir.resolve().parent if self.results_dir is not None else None
+        if store is not None and (store / path).is_file() and (store / path).resolve().is_relative_to(project):
+            return f'<a href="{html.escape(self.href(store / path))}">{html.escape(path)}</a>'
+        return (f'<span title="in the job store of the run that made the record, not at hand here">'
+                f"{html.escape(path)}</span>")
+
+
+#: table name -> the kind of the group's rows it is made of, and the columns that name a row in both
+ROW_KEYS = {"methods": ("methods", ("method",)), "steps": ("steps", ("steps", "sampler")),
+            "layers": ("layers", ("layer",)), "proxies": ("proxies", ("proxy",))}
+
+
+def anchor(group: Group, row: int | None = None) -> str:
+    """The id of the group's sources, or of one methods-table row's."""
+    return f"{group.folder}-sources" if row is None else f"{group.folder}-sources-{row}"
+
+
+def per_seed(group: Group, table: Table, row: int) -> list[dict]:
+    """The group's rows (one per seed) that the table's ``row`` pools."""
+    kind, keys = ROW_KEYS.get(table.name, (None, ()))
+    if kind is None or not all(key in table.numbers.columns for key in keys):
+        return []
+    wanted = [table.numbers.iloc[row][key] for key in keys]
+    return [raw for raw in group.rows[kind] if [raw.get(key) for key in keys] == wanted]
+
+
+def seeds_title(rows: list[dict], key: str) -> str:
+    """Each seed's own value of ``key`` and the record it is from, for a number's tooltip."""
+    lines = [f"seed {raw['seed']}: {format_number(raw[key])} ({raw['record']})" for raw in rows
+             if isinstance(raw.get(key), (int, float)) and not isinstance(raw.get(key), bool)
+             and math.isfinite(raw[key])]
+    return "\n".join(lines) or "pooled over the records in this group's sources"
+
+
+def value_html(text: str) -> str:
+    """A cell's ``mean ± spread``: the spread in smaller type (the mean is what a reader ranks by,
+    and the cell stays narrow enough for a wide table to fit the window without breaking it), joined
+    by a no-break space too, for a reader that drops the style."""
+    mean, sign, spread = text.partition(" ± ")
+    if not sign:
+        return html.escape(text)
+    return f'{html.escape(mean)}<span class="sd">&nbsp;± {html.escape(spread)}</span>'
+
+
+def page_table(group: Group, table: Table, columns: Sequence[Column], *, usual: int | None) -> str:
+    """``columns`` of ``table`` as a sortable HTML table whose every number is a link to its sources,
+    with each seed's value in its tooltip, and never breaks inside a number and its spread."""
+    kinds = [' class="text"' if column.kind == "text" else "" for column in columns]
+    head = "".join(f'<th scope="col"{kind}{_title(column.description)}>{breakable(column.header)}</th>'
+                   for column, kind in zip(columns, kinds))
+    rows = []
+    for row in range(len(table.numbers)):
+        seeds = per_seed(group, table, row)
+        target = anchor(group, row if table.name == "methods" else None)
+        tds = []
+        for column in columns:
+            text = cell(table, column, row, usual=usual)
+            if column.kind == "text":
+                tds.append(f'<td class="text">{breakable(text, names=True)}</td>')
+                continue
+            key = sort_key(table, column, row)
+            shown = value_html(text)
+            if text != "—":
+                shown = (f'<a href="#{html.escape(target)}" title="{html.escape(seeds_title(seeds, column.key))}">'
+                         f"{shown}</a>")
+            tds.append(f'<td class="num" data-sort="{key}">{shown}</td>')
+        rows.append(f"<tr>{''.join(tds)}</tr>")
+    return ('<div class="wide"><table class="leaderboard sortable">\n<thead><tr>' + head + "</tr></thead>\n<tbody>\n"
+            + "\n".join(rows) + "\n</tbody>\n</table></div>\n")
+
+
+def _title(text: str) -> str:
+    return f' title="{html.escape(one_line(text))}"' if text else ""
+
+
+def sources_block(group: Group, methods: Table | None, sources: Sources) -> str:
+    """Where the group's numbers come from: each record (linked) with its seeds, commit and machine,
+    and per method and seed the record and the sample file it names."""
+    items = []
+    for name, seeds in group.sources.items():
+        environment = sources.record(name).get("environment") or {} if sources.results_dir else {}
+        commit = str(environment.get("git_revision") or "not recorded")[:12]
+        machine = (f"{environment['platform']}, {environment.get('cpu_count')} CPUs"
+                   + (f", CUDA {environment['cuda']}" if environment.get("cuda") else "")
+                   if environment.get("platform") else "not recorded")
+        items.append(f"<li>{sources.record_link(name)}: seed{'s' if len(seeds) != 1 else ''} "
+                     f"{', '.join(map(str, seeds))}; commit {html.escape(commit)}; machine {html.escape(machine)}"
+                     f"{' (unverified: no seal)' if name in group.unverified else ''}</li>")
+    table = ""
+    if methods is not None and not methods.numbers.empty:
+        body = []
+        for row, method in enumerate(methods.numbers["method"]):
+            runs = [(source, entry) for source, entry in group.entries if method in entry["methods"]]
+            for i, (source, entry) in enumerate(runs):
+                path = (entry["methods"][method].get("samples") or {}).get("path")
+                samples = sources.samples_link(source, path) if isinstance(path, str) and path else "none"
+                first = f' id="{html.escape(anchor(group, row))}"' if i == 0 else ""
+                body.append(f"<tr{first}><td>{html.escape(methods.labels['name'][row]) if i == 0 else ''}</td>"
+                            f"<td>{entry['seed']}</td><td>{sources.record_link(source)}</td><td>{samples}</td></tr>")
+        table = ('<table class="sources">\n<thead><tr><th class="text">Method</th><th class="text">Seed</th>'
+                 '<th class="text">Record</th><th class="text">Samples</th></tr></thead>\n<tbody>\n'
+                 + "\n".join(body) + "\n</tbody>\n</table>\n")
+    return (f'<details id="{html.escape(anchor(group))}"><summary>Where the numbers come from</summary>\n'
+            f'<ul>{"".join(items)}</ul>\n{table}</details>\n')
 
 
 def seeds_line(table: Table) -> str:
@@ -113,18 +283,18 @@ def seeds_line(table: Table) -> str:
     return f'<p class="n">{html.escape(seeds_note(table))}</p>\n'
 
 
-def table_block(table: Table) -> str:
+def table_block(group: Group, table: Table) -> str:
     """A table's heading, n, the columns a reader ranks by, its note and the rest in <details>."""
     main = [column for column in table.columns if column.main]
     rest = [column for column in table.columns if not column.main]
     parts = [f"<h3>{html.escape(table.title)}</h3>\n", seeds_line(table),
-             html_table(table, main, usual=table.seeds, sortable=True, whole_values=True),
+             page_table(group, table, main, usual=table.seeds),
              f'<p class="note">{html.escape(table.note)}</p>\n']
     if rest:
         listed = ", ".join(column.header for column in rest)
         chunks = [rest[start:start + DETAIL_COLUMNS] for start in range(0, len(rest), DETAIL_COLUMNS)]
         parts.append(f"<details><summary>More columns: {html.escape(listed)}</summary>\n"
-                     + "".join(html_table(table, [table.columns[0], *chunk], usual=table.seeds, sortable=True)
+                     + "".join(page_table(group, table, [table.columns[0], *chunk], usual=table.seeds)
                                for chunk in chunks) + "</details>\n")
     return "".join(parts)
 
@@ -169,19 +339,22 @@ def samples_block(group: Group, methods: Table) -> str:
             f'click a method to read its samples.</p>\n<div class="samples">\n{"".join(items)}</div>\n')
 
 
-def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]) -> str:
+def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot], sources: Sources) -> str:
     return (f"<section>\n<h2>{html.escape(group.title)}</h2>\n"
             f'<p class="meta">Corpus: {html.escape(", ".join(sorted(group.corpora)))}. '
             f"{html.escape(provenance(group.sources, group.unverified))}</p>\n"
-            + (table_block(tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
+            + sources_block(group, tables.get("methods"), sources)
+            + (table_block(group, tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
-            + (table_block(tables["steps"]) if "steps" in tables else "")
-            + table_block(tables["proxies"]) + table_block(tables["layers"]) + "</section>\n")
+            + (table_block(group, tables["steps"]) if "steps" in tables else "")
+            + table_block(group, tables["proxies"]) + table_block(group, tables["layers"]) + "</section>\n")
 
 
-def render_page(built: list[tuple[Group, dict[str, Table], dict[str, Plot]]]) -> str:
-    """Every group on one page."""
+def render_page(built: list[tuple[Group, dict[str, Table], dict[str, Plot]]], sources: Sources | None = None) -> str:
+    """Every group on one page; ``sources`` says where the records (and their samples) are from the
+    page's folder, so that each number links to them (without it, their names are shown unlinked)."""
+    sources = sources or Sources()
     body = f"<h1>{TITLE}</h1>\n<p class=\"meta\">{html.escape(INTRO)}</p>\n"
-    body += "".join(group_section(group, tables, plots) for group, tables, plots in built)
+    body += "".join(group_section(group, tables, plots, sources) for group, tables, plots in built)
     cited = citation([group for group, _, _ in built])
     return html_document(TITLE, body, PAGE_STYLE, SORT_SCRIPT, meta={CITATION_KEY: cited})

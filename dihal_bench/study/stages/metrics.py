@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dihal_bench.api.metrics import MetricContext, SampleSet
+from dihal_bench.api.metrics import MetricContext, SampleSet, metric_value_problem
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.identities import METRIC_CONTEXT_KEYS, metric_names
@@ -40,6 +40,11 @@ def compute_named_metrics(run: Run, name: str, samples: SampleSet, references: l
         except Exception as exc:  # a plugin's bug: name it; the metrics jobs done so far stay stored
             raise DihalError(f"metric {metric!r} ({registration.source}) failed on {name}: "
                              f"{type(exc).__name__}: {exc}") from exc
+        # checked before anything is stored: a NaN, a text or a short list never reaches a record
+        problem = metric_value_problem(metric, computed, len(samples.texts))
+        if problem:
+            raise DihalError(f"metric {metric!r} ({registration.source}) {problem} on {name}'s samples; nothing "
+                             f"was recorded: fix the metric plugin, or leave {metric!r} out of metrics.names")
         # a metric's own value keeps its name; its side values (counts, warnings) are prefixed
         # with it, so that e.g. entropy's and MAUVE's sample counts cannot overwrite each other
         for key, value in computed.items():

@@ -13,9 +13,11 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import sample_next_token
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from .lora import LoRABaseline, LoRAOptions, output_logits
 
@@ -97,6 +99,11 @@ class AR2DiffLoRA(LoRABaseline):
     paper = ("Gong et al. 2024, Scaling Diffusion Language Models via Adaptation from Autoregressive Models "
              "(DiffuGPT/DiffuLLaMA), arXiv 2410.17891; cheap LoRA adaptation")
     options_class = AR2DiffOptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        sampling = {"steps": flops.settings(cls.options_class, work).steps, **work.sampling}
+        return flops.account(flops.ar2diff_lora(work.replace(sampling=sampling)))
     settings: AR2DiffOptions
     steps_option = "steps"
 

@@ -12,12 +12,14 @@ from torch import Tensor, nn
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.baseline import CONFIG_FILE, Baseline, read_config
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.model import intact_control
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult
+from dihal_builtin.baselines import flops
 
 from .common import parse_options
 
@@ -44,6 +46,10 @@ class ARBackbone(Baseline):
     in_budget = False
     intact_backbone = True
     token_sampling_options = ("temperature", "top_p")
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        return flops.account(flops.ar_backbone(work))
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 
 from dihal_bench import hookimpl
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import sample_next_token
+from dihal_builtin import compat
+from dihal_builtin.baselines import flops
 
 from .lora import LoRABaseline
 
@@ -31,6 +33,10 @@ class ARLoRA(LoRABaseline):
     name = "ar-lora"
     paper = "Hu et al. 2021, LoRA: Low-Rank Adaptation of Large Language Models, arXiv 2106.09685"
 
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        return flops.account(flops.ar_lora(work))
+
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         ids = batch["ids"]
         logits = self.lm(input_ids=self.with_start(ids[:, :-1]), use_cache=False).logits
@@ -44,11 +50,11 @@ class ARLoRA(LoRABaseline):
         samples = []
         for first in tqdm(range(0, n, batch_size), desc=self.name, disable=not progress, leave=False):
             rows = min(batch_size, n - first)
-            cache = DynamicCache(config=self.lm.config)
+            cache = {compat.cache_keyword(self.lm): compat.new_cache(self.lm.config)}
             token = torch.full((rows, 1), self.start, dtype=torch.long, device=device)
             drawn = []
             for _ in range(seq_len):
-                logits = self.lm(input_ids=token, cache=cache, use_cache=True).logits[:, -1]
+                logits = self.lm(input_ids=token, **cache, use_cache=True).logits[:, -1]
                 token = sample_next_token(logits, opts.temperature, opts.top_p, generator, banned=self.banned)[:, None]
                 drawn.append(token)
             samples.append(torch.cat(drawn, dim=1).cpu())

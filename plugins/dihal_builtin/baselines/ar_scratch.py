@@ -13,9 +13,11 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import check_sampling, sample_next_token
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from ..layers import Block
 from .common import (
@@ -116,6 +118,10 @@ class ARScratch(CompactVocabularyBaseline):
     name = "ar-scratch"
     paper = "a causal transformer from scratch at the allowance (control, docs/rivals.md)"
     token_sampling_options = ("temperature", "top_p")
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        return flops.account(flops.ar_scratch(work, flops.settings(ARScratchOptions, work)))
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

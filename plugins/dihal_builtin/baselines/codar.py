@@ -11,9 +11,11 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from .common import (
     CompactVocabulary,
@@ -85,6 +87,11 @@ class CoDAR(DecoderInputOption, DiffusionBaseline):
     name = "codar"
     paper = "Shen, Zhao, He, Lin 2026, CoDAR: continuous diffusion with an autoregressive decoder, arXiv 2603.02547"
     options_class = CoDAROptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        options = flops.settings(cls.options_class, work)
+        return flops.account(flops.codar(work, options, noise_input=options.decoder_input == "noise"))
     settings: CoDAROptions
     token_sampling_options = ("temperature", "top_p")
 

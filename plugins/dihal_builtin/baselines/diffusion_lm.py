@@ -11,8 +11,10 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from .common import (
     CompactVocabulary,
@@ -80,6 +82,12 @@ class DiffusionLM(DiffusionBaseline):
     name = "diffusion-lm"
     paper = "Li et al. 2022, Diffusion-LM Improves Controllable Text Generation, arXiv 2205.14217"
     options_class = DiffusionLMOptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        options = flops.settings(cls.options_class, work)
+        return flops.account(flops.continuous(work, options, d_in_factor=1, table_role="rounding", self_condition=0.0,
+                                              readout_trained=flops.TRAINED, clamp_steps=options.clamp))
     settings: DiffusionLMOptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):

@@ -14,10 +14,12 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult, batch_indices, train
+from dihal_builtin.baselines import flops
 
 from ..layers import Block
 from .common import (
@@ -138,6 +140,11 @@ class LD4LG(DecoderInputOption, DiffusionBaseline):
     name = "ld4lg"
     paper = "Lovelace et al. 2023, Latent Diffusion for Language Generation, arXiv 2212.09462"
     options_class = LD4LGOptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        options = flops.settings(cls.options_class, work)
+        return flops.account(flops.ld4lg(work, options, noise_input=options.decoder_input == "noise"))
     settings: LD4LGOptions
     token_sampling_options = ("temperature", "top_p")
 

@@ -15,9 +15,11 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from ..layers import bidirectional_blocks, through_blocks
 from .common import (
@@ -231,6 +233,12 @@ class MDLM(DiffusionBaseline):
     name = "mdlm"
     paper = "Sahoo et al. 2024, Simple and Effective Masked Diffusion Language Models, arXiv 2406.07524"
     options_class = MDLMOptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        options = flops.settings(cls.options_class, work)
+        batch = int(work.sampling.get("batch_size", 32))
+        return flops.account(flops.mdlm(work, options, SAMPLE_T_MIN, batch))
     settings: MDLMOptions
     token_sampling_options = ("temperature", "top_p")
 

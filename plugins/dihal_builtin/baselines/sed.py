@@ -11,8 +11,10 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
+from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
+from dihal_builtin.baselines import flops
 
 from .common import (
     CompactVocabulary,
@@ -78,6 +80,15 @@ class SED(DiffusionBaseline):
     name = "sed"
     paper = "Strudel et al. 2022, Self-conditioned Embedding Diffusion for Text Generation, arXiv 2211.04236"
     options_class = SEDOptions
+
+    @classmethod
+    def flop_account(cls, work: MethodWork) -> FlopAccount:
+        options = flops.settings(cls.options_class, work)
+        # a detached readout trains R alone: its forward and its weight gradient
+        return flops.account(flops.continuous(work, options, d_in_factor=2, table_role="readout",
+                                              self_condition=options.self_condition,
+                                              readout_trained=2 if options.detach_readout else flops.TRAINED,
+                                              clamp_steps=options.clamp))
     settings: SEDOptions
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):

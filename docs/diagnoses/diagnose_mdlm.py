@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
-import common
 import torch
 from dihal_builtin.baselines.mdlm import diffusion_times
 from tabulate import tabulate
@@ -37,6 +37,11 @@ from dihal_bench.numerics.markov import UNKNOWN
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.registry.resolve import load_backbone, load_corpus
 from dihal_bench.study.protocol import matched_budget
+
+# run as `python docs/diagnoses/NAME.py`: the benchmarks' shared flags, timing and report
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import common  # noqa: E402
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "diagnose_mdlm.json"
 #: mask rates of the probe

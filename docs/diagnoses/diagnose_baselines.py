@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from pathlib import Path
 
-import common
 import torch
 from tabulate import tabulate
 
@@ -48,6 +48,11 @@ from dihal_bench.hybrid.training import packed_split, training_subset
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.registry.resolve import load_backbone, load_corpus
 from dihal_bench.training.budget import Budget
+
+# run as `python docs/diagnoses/NAME.py`: the benchmarks' shared flags, timing and report
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import common  # noqa: E402
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "diagnose_baselines.json"
 #: times t of the one-step x0-estimates whose read-out accuracy is measured

@@ -13,10 +13,10 @@ the chain's own text (1.21) and i.i.d. uniform words (10.45).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-import common
 from diagnose_mdlm import chain_scores
 from tabulate import tabulate
 
@@ -26,6 +26,11 @@ from dihal_bench.hybrid.training import packed_split, training_subset
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.registry.resolve import load_backbone, load_corpus
 from dihal_bench.study.protocol import matched_budget
+
+# run as `python docs/diagnoses/NAME.py`: the benchmarks' shared flags, timing and report
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import common  # noqa: E402
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "diagnose_on_chain.json"
 

@@ -1,0 +1,113 @@
+"""A record says its own provenance: the machine (environment), the revision each job was done
+with (result.json, the record's ``provenance``) and how contended each stage was (``contention``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+
+import pytest
+import torch
+
+from dihal_bench.base import provenance
+from dihal_bench.study.executors.base import Executor, Item
+from dihal_bench.study.jobs import JobStore
+from dihal_bench.study.metering import ELSEWHERE, HERE, MeteredExecutor, cpu_seconds
+
+
+def test_the_environment_names_the_hardware_and_only_a_digest_of_the_host():
+    env = provenance.environment()
+    name = socket.gethostname()
+    assert env["host_sha256"] == hashlib.sha256(name.encode()).hexdigest()[:provenance.HOST_DIGITS]
+    assert name not in json.dumps(env)
+    assert env["cpu_count"] >= 1 and env["torch_threads"] == torch.get_num_threads()
+    assert env["memory_bytes"] is None or env["memory_bytes"] > 2**20
+    assert env["cuda_devices"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert env["git_revision"] == provenance.process_revision()
+
+
+def test_the_cpu_model_falls_back_to_platform_then_to_none(monkeypatch, tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2.0GHz\nflags\t: fpu\n\nprocessor\t: 1\n")
+    assert provenance.cpu_model(cpuinfo) == "Some CPU @ 2.0GHz"
+    cpuinfo.write_text("processor\t: 0\nCPU part\t: 0xd0c\n")  # ARM Linux: no model name
+    monkeypatch.setattr(provenance.platform, "processor", lambda: "aarch64")
+    assert provenance.cpu_model(cpuinfo) == "aarch64"
+    monkeypatch.setattr(provenance.platform, "processor", lambda: "")
+    assert provenance.cpu_model(tmp_path / "missing") is None
+
+
+def test_a_job_result_names_its_revision_and_a_stage_counts_the_revisions_of_its_jobs(tmp_path, monkeypatch):
+    store = JobStore(tmp_path)
+    monkeypatch.setattr("dihal_bench.study.jobs.process_revision", lambda: "old")
+    store.run("kind", {"a": 1}, lambda folder: {"v": 1})
+    store.run("kind", {"a": 2}, lambda folder: {"v": 2})
+    assert json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())["revision"] == "old"
+    # a job stored before results named their revision: the revision is outside the result's sha256
+    unnamed = store.folder("kind", {"a": 2}) / "result.json"
+    stored = json.loads(unnamed.read_text())
+    del stored["revision"]
+    unnamed.write_text(json.dumps(stored))
+
+    monkeypatch.setattr("dihal_bench.study.jobs.process_revision", lambda: "new")
+    metered = MeteredExecutor(InProcess(), "new")
+    metered.map("sweep", lambda run, spec: store.run("kind", spec, lambda folder: {"v": 0}),
+                [Item("x", ({"a": a},)) for a in (1, 2, 3, 1)])  # the same job twice counts once
+    metered.map("metrics", lambda run, spec: store.run("kind", spec, lambda folder: {"v": 0}),
+                [Item("y", ({"a": 3},))])
+    section = metered.sections()["provenance"]
+    assert section["stages"]["sweep"] == {"process": "new", "jobs": [{"revision": "old", "jobs": 1},
+                                                                     {"revision": None, "jobs": 1},
+                                                                     {"revision": "new", "jobs": 1}]}
+    assert section["revisions"] == [{"revision": "old", "stages": ["sweep"]},
+                                    {"revision": None, "stages": ["sweep"]},
+                                    {"revision": "new", "stages": ["sweep", "metrics"]}]
+
+
+class InProcess(Executor):
+    run = None
+
+    def map(self, stage, fn, items):
+        return [fn(self.run, *item.args) for item in items]
+
+
+class Elsewhere(InProcess):
+    computes_here = False
+
+
+def test_a_stage_that_sleeps_has_a_small_cpu_share_and_one_that_computes_uses_cpu():
+    metered = MeteredExecutor(InProcess(), "rev")
+    metered.map("idle", lambda run: time.sleep(0.3), [Item("z")])
+
+    def busy(run):
+        end = time.perf_counter() + 0.2
+        while time.perf_counter() < end:
+            pass
+
+    before = cpu_seconds()
+    metered.map("busy", busy, [Item("b")])
+    metered.map("busy", busy, [Item("b")])
+    spent = cpu_seconds() - before
+    contention = metered.sections()["contention"]
+    idle, work = contention["idle"], contention["busy"]
+    assert idle["wall_s"] >= 0.3 and idle["where"] == HERE and idle["calls"] == 1
+    # a sleeping thread uses no CPU: what it shows is the clock's tick and the call's own overhead
+    assert idle["cpu_share"] < 0.25
+    assert work["calls"] == 2 and work["wall_s"] >= 0.4
+    assert 0 < work["cpu_s"] <= spent  # the two calls' CPU time, summed, within what the process spent
+    assert work["cpu_share"] == pytest.approx(work["cpu_s"] / (work["wall_s"] * work["threads"]))
+    assert work["threads"] == torch.get_num_threads()
+    for entry in (idle, work):
+        assert entry["load_start"] is None or entry["load_start"] >= 0
+
+
+def test_work_in_other_processes_is_marked_not_measured():
+    metered = MeteredExecutor(Elsewhere(), "rev")
+    metered.map("sweep", lambda run: None, [Item("s")])
+    sections = metered.sections()
+    assert sections["contention"]["sweep"]["where"] == ELSEWHERE
+    assert sections["contention"]["sweep"]["cpu_share"] is None
+    assert sections["provenance"]["stages"]["sweep"] == {"process": "rev", "jobs": None}
+    assert sections["provenance"]["revisions"] == []
