@@ -61,7 +61,7 @@ class Outcome:
 
 def dihal(*args: str, env: dict | None = None, timeout: float = 300) -> Outcome:
     """The command line in a child process, as a user runs it."""
-    done = subprocess.run([sys.executable, "-m", "dihal_bench.cli", *args], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "dihal_bench", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     return Outcome(done.returncode, done.stdout, done.stderr)
 
@@ -288,7 +288,7 @@ def disk_full_writing_the_record(ctx: Context) -> None:
     out, results = ctx.tmp / "out", ctx.tmp / "results"
     ctx.fixture("mounts")(results, "64k")
     filler = results / "filler"
-    with filler.open("wb") as f:  # the disk full but for a file's name: the check that it is writable passes
+    with filler.open("wb", buffering=0) as f:  # the disk full but for a file's name: the writable check passes
         try:
             while True:
                 f.write(b"\0" * 4096)
@@ -416,7 +416,7 @@ def kill_publish(stop: signal.Signals) -> Callable[[Context], None]:
             work = ctx.tmp / point.replace(" ", "-")
             shutil.copytree(source, work)
             pairs = old_and_new(work, published)
-            child = subprocess.Popen([sys.executable, "-m", "dihal_bench.cli", *publish_args(work)],
+            child = subprocess.Popen([sys.executable, "-m", "dihal_bench", *publish_args(work)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             if after_start is not None:
                 time.sleep(after_start)
@@ -759,7 +759,7 @@ def two_publishes(ctx: Context) -> None:
     if not Path("/proc/locks").exists():
         pytest.skip("no /proc/locks to see when the first publish holds its folder")
     work, published = ctx.fixture("publish_copy"), ctx.fixture("published")
-    first = subprocess.Popen([sys.executable, "-m", "dihal_bench.cli", *publish_args(work)],
+    first = subprocess.Popen([sys.executable, "-m", "dihal_bench", *publish_args(work)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while first.poll() is None and time.monotonic() < deadline and not _locked(work / "out"):
@@ -777,6 +777,7 @@ def publish_beside_a_run(ctx: Context) -> None:
     reads each record whole (written atomically), never a half-written one."""
     work, published = ctx.fixture("publish_copy"), ctx.fixture("published")
     extra = _sealed(lambda r: r.update(suite="beside"))
+    write_json_atomic(work / "results" / "beside.json", extra)  # there before the publish starts reading
     stop = threading.Event()
 
     def run_writing_records() -> None:
@@ -802,7 +803,7 @@ def stale_publish_lock(ctx: Context) -> None:
     not locked out, removes the temporary files the kill left, and completes."""
     work, published = ctx.fixture("publish_copy"), ctx.fixture("published")
     pairs = old_and_new(work, published)
-    child = subprocess.Popen([sys.executable, "-m", "dihal_bench.cli", *publish_args(work)],
+    child = subprocess.Popen([sys.executable, "-m", "dihal_bench", *publish_args(work)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _first_write(work, pairs, child)
     child.kill()
@@ -978,3 +979,9 @@ def test_every_class_of_fault_has_three_cases():
                                   for name, case in CASES.items()])
 def test_fault(name, tmp_path, suite, request):
     CASES[name].check(Context(tmp_path, suite, request))
+
+
+def test_the_fault_page_lists_every_case():
+    page = (REPOSITORY / "docs" / "faults.md").read_text(encoding="utf-8")
+    rows = {line.split(" | ")[1].removesuffix(" (slow)") for line in page.splitlines() if line.startswith("| ")}
+    assert set(CASES) <= rows, sorted(set(CASES) - rows)

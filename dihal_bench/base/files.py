@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -67,8 +68,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
         os.replace(temporary, path)
     except BaseException as exc:
         temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno in WRITE_FAULTS:
-            raise write_failure(path, exc) from None
+        refused = _refused_write(exc)
+        if refused is not None:
+            raise write_failure(path, refused) from None
         raise
     _sync_folder(path.parent)
 
@@ -84,6 +86,22 @@ WRITE_FAULTS = {
     errno.ENOTDIR: "a file stands where a folder is needed: move it, or write elsewhere",
     errno.EIO: "the disk reported an I/O error: check it, then run the same command again",
 }
+
+
+#: how a writer written in Rust (safetensors) reports the operating system's error
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _refused_write(exc: BaseException) -> OSError | None:
+    """The OSError of a write the file system refused (`WRITE_FAULTS`), whether Python raised it
+    or a library writing the file itself reported it in its own exception; else None."""
+    if isinstance(exc, OSError):
+        return exc if exc.errno in WRITE_FAULTS else None
+    found = _RUST_OS_ERROR.search(str(exc)) if isinstance(exc, Exception) else None
+    if found and int(found.group(1)) in WRITE_FAULTS:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return None
 
 
 def write_failure(path: Path, exc: OSError) -> DihalError:

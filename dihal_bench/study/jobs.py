@@ -104,24 +104,41 @@ class JobStore:
         result = _reused(folder)
         if result is not None:
             return result
-        folder.mkdir(parents=True, exist_ok=True)
-        with _held(folder / JOB_LOCK):
-            result = _reused(folder)  # another process did the job while this one waited
-            if result is not None:
-                return result
-            write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
-            revision = process_revision()  # the code that does the job: this process's, read before it starts
-            # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
-            resumed, started = resumed_seconds(), time.perf_counter()
-            result = work(folder)
-            seconds = time.perf_counter() - started + resumed_seconds() - resumed
-            _uniform_modes(folder)
-            write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
-                                                "revision": revision,
-                                                "sha256": {"result": json_sha256(result),
-                                                           "files": _artifact_hashes(folder)}})
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with _held(folder / JOB_LOCK):
+                result = _reused(folder)  # another process did the job while this one waited
+                if result is not None:
+                    return result
+                write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
+                revision = process_revision()  # the code that does the job: this process's, read before it starts
+                # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
+                resumed, started = resumed_seconds(), time.perf_counter()
+                result = work(folder)
+                seconds = time.perf_counter() - started + resumed_seconds() - resumed
+                _uniform_modes(folder)
+                write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
+                                                    "revision": revision,
+                                                    "sha256": {"result": json_sha256(result),
+                                                               "files": _artifact_hashes(folder)}})
+        except FileNotFoundError as exc:  # another process deleted the store (or a job in it) meanwhile
+            error = self.vanished(exc, folder)
+            if error is None:
+                raise
+            raise error from None
         _job_log.append((str(folder), revision))
         return result
+
+    def vanished(self, exc: FileNotFoundError, folder: Path) -> DihalError | None:
+        """The one-line error for a job whose input in the store vanished while it ran (another
+        process deleted the store or a job in it); any other missing file is left as it is."""
+        missing = exc.filename or str(exc).rpartition(": ")[2]
+        root = Path(self.root).resolve()
+        if not (missing and Path(missing).resolve().is_relative_to(root)):
+            return None
+        return DihalError(f"{missing} vanished from the job store while job {folder.name} ran (was the store "
+                          "deleted or changed by another process?); run the same command again: the jobs "
+                          "still in the store are kept, the rest redone")
 
     def relative(self, path: Path) -> str:
         """A path inside the store as results record it: relative, so a store can be moved."""

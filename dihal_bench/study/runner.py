@@ -167,7 +167,11 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
         if problem:  # a bug, not bad input: the record this code writes must follow its schema
             raise AssertionError(f"the run record does not follow its schema: {problem}")
         path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
-        write_record(path, record, run.store.root)
+        try:
+            write_record(path, record, run.store.root)
+        except BaseException:
+            path.unlink(missing_ok=True)  # the name claimed (empty): no record, whole or half
+            raise
     return path
 
 

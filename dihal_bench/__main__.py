@@ -1,0 +1,3 @@
+from dihal_bench.console import main
+
+main()
