@@ -285,3 +285,11 @@ def test_a_correlation_that_is_not_shown_says_how_many_seeds_would_decide_it():
     (row,) = [r for r in evaluate([group_of(entries)]) if r.claim.startswith("S(ℓ)")]
     assert row.verdict == NOT_SHOWN
     assert "seeds needed for 80% power" in row.interval and "Fisher z of ρ against 0" in row.interval
+
+
+def test_a_paired_claim_states_what_matched_leaves_out_the_training_compute():
+    table = claims_markdown(ROOT / "results", warn=lambda message: None)
+    rival = next(line for line in table.splitlines() if "fine-tuned autoregressively with LoRA" in line)
+    # ar-lora trains the whole backbone's passes; DiHAL a 2.6M-parameter bridge over stored states
+    ratio = float(rival.split("training compute ÷ DiHAL's: ar-lora ")[1].split("×")[0])
+    assert 20 < ratio < 60

@@ -88,8 +88,9 @@ WRITE_FAULTS = {
 }
 
 
-#: how a writer written in Rust (safetensors) reports the operating system's error
-_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+#: how a writer written in Rust (safetensors) reports the operating system's error: its Display
+#: form "(os error 28)" in newer releases, its Debug form "Os { code: 28, ... }" in older ones
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
 
 
 def _refused_write(exc: BaseException) -> OSError | None:
@@ -98,8 +99,8 @@ def _refused_write(exc: BaseException) -> OSError | None:
     if isinstance(exc, OSError):
         return exc if exc.errno in WRITE_FAULTS else None
     found = _RUST_OS_ERROR.search(str(exc)) if isinstance(exc, Exception) else None
-    if found and int(found.group(1)) in WRITE_FAULTS:
-        code = int(found.group(1))
+    code = int(found.group(1) or found.group(2)) if found else None
+    if code in WRITE_FAULTS:
         return OSError(code, os.strerror(code))
     return None
 

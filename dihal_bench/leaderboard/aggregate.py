@@ -168,6 +168,31 @@ def arrow(higher_is_better: bool | None) -> str:
     return {True: " ↑", False: " ↓"}.get(higher_is_better, "")
 
 
+#: the precision of the built-in token draws: every autoregressive decoder's through
+#: dihal_bench/api/sampling.py, MDLM's reverse chain through its own (plugins/.../mdlm.py)
+DRAW_PRECISION = "the built-in decoders draw tokens from float32 probabilities (MDLM's reverse chain: float64)"
+
+
+def protocol_note(group: Group) -> str:
+    """How the group's samples were made and scored, in one sentence: the scorer (and whether it
+    is the backbone itself), samples per seed, their length, the models' dtype and the precision
+    of the token draws; a setting the records disagree on lists each value."""
+    def said(key: str) -> str | None:
+        values = group.protocol.get(key) or []
+        return " / ".join(str(value) for value in values) if values else None
+
+    parts = []
+    if said("scorer"):
+        own = group.protocol.get("scorer_is_backbone") or []
+        parts.append(f"Scored by {said('scorer')}" + (" (the backbone itself)"
+                                                      if True in own else " (not the backbone)"))
+    if said("samples") and said("seq_len"):
+        parts.append(f"{said('samples')} samples of {said('seq_len')} tokens per seed")
+    if said("dtype"):
+        parts.append(f"models in {said('dtype')}; {DRAW_PRECISION}")
+    return "; ".join(parts) + "." if parts else ""
+
+
 def method_table(group: Group) -> Table:
     frame = pd.DataFrame(group.rows["methods"])
     metrics = group.metrics
@@ -205,7 +230,7 @@ def method_table(group: Group) -> Table:
               **{f"{name}_intervals": [seed_intervals(rows, name, interval_kinds(group, method, name))
                                        for method, rows in per_method] for name in bounded}}
     numbers = stats.reset_index().assign(**labels)[["method", *labels, *stats.columns]]
-    note = " ".join([METHODS_NOTE, *metric_notes(group)])
+    note = " ".join([protocol_note(group), METHODS_NOTE, *metric_notes(group)]).strip()
     return Table("methods", "Methods", note, numbers, labels, columns, group.seeds)
 
 

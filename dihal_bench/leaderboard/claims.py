@@ -198,7 +198,7 @@ def baselines_claim(group: Group) -> Claim:
     ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, 'dihal-chosen', rival)}" for rival in rivals)
     comparisons = {rival: compare(group, "dihal-chosen", rival) for rival in rivals}
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's ({seeds(group)}): {ratios}"
-                   f"{floor_note(list(comparisons.values()))}")
+                   f"{floor_note(list(comparisons.values()))}{compute_note(group, 'dihal-chosen', rivals)}")
     rule = (f"reproduced iff, for every matched baseline, the paired {100 * (1 - ALPHA):.0f}% interval of "
             "log Gen.PPL(DiHAL) − log Gen.PPL(baseline) lies below 0; not reproduced iff one lies above 0; "
             f"else not shown. {FLOOR_RULE}")
@@ -263,7 +263,8 @@ def rival_question(group: Group, rival: str) -> Claim:
     rule = (f"yes iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({rival}) "
             f"lies below 0; no iff above 0; else not shown. {FLOOR_RULE}")
     comparison = compare(group, "dihal-chosen", rival)
-    return decide(question, measurement + floor_note([comparison]), rule, comparison, 0.0, below=YES, above=NO)
+    measurement += floor_note([comparison]) + compute_note(group, "dihal-chosen", [rival])
+    return decide(question, measurement, rule, comparison, 0.0, below=YES, above=NO)
 
 
 def untested_rival(rival: str) -> Claim:
@@ -406,6 +407,21 @@ def sample_nll(entry: dict, method: str) -> SampleNLL | None:
     if not (isinstance(nll, list) and isinstance(tokens, list)) or metrics.get("gen_ppl") is None:
         return None
     return SampleNLL(nll, tokens)
+
+
+def compute_note(group: Group, first: str, others: list[str]) -> str:
+    """What "matched" does not say: each of ``others``' training FLOPs in all ÷ ``first``'s, means
+    over the group's seeds (docs/method.md#counting-compute); empty where a count is missing."""
+    def train_pflop(method: str) -> float | None:
+        values = [row["train_pflop"] for row in group.rows["methods"]
+                  if row["method"] == method and math.isfinite(row.get("train_pflop", math.nan))]
+        return sum(values) / len(values) if values else None
+
+    own = train_pflop(first)
+    counted = [(other, train_pflop(other)) for other in others]
+    cells = [f"{markdown_text(other)} {fmt(flops / own)}× ({fmt(flops)} vs {fmt(own)} PFLOP)"
+             for other, flops in counted if own and flops]
+    return f"; training compute ÷ DiHAL's: {', '.join(cells)}" if cells else ""
 
 
 def per_seed_ratio(group: Group, first: str, second: str) -> str:

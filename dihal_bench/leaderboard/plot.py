@@ -77,15 +77,17 @@ class Drawing:
     caption: str
 
 
-#: adjustText's budget: its iterations stop at this many seconds per plot (a dense plot of dozens
-#: of labels settles in well under one on 2 cores)
-LABEL_TIME_LIMIT_S = 5.0
+#: adjustText's budget: its iterations stop when no label overlaps or after this many. A count,
+#: not seconds: a time limit stopped a busy machine's placement early, so the same records drew
+#: different plots under load. What it leaves overlapping, `separate_labels` parts.
+LABEL_ITERATIONS = 300
 
 
 def place_labels(axes, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str]) -> None:
-    """Each point's label beside it, moved by adjustText until no label overlaps another label or a
-    point (a thin line joins a moved label to its point), inside the axes. The layout is settled
-    first and the labels kept out of it, so that moving them cannot move the axes under them."""
+    """Each point's label beside it, moved by adjustText away from the other labels and the points,
+    then any pair it left overlapping parted (`separate_labels`), with a thin line joining a moved
+    label to its point. The layout is settled first and the labels kept out of it, so that moving
+    them cannot move the axes under them."""
     from adjustText import adjust_text
 
     texts = []
@@ -96,8 +98,35 @@ def place_labels(axes, xs: Sequence[float], ys: Sequence[float], labels: Sequenc
     if not texts:
         return
     axes.figure.draw_without_rendering()
-    adjust_text(texts, x=list(xs), y=list(ys), ax=axes, time_lim=LABEL_TIME_LIMIT_S,
-                arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5})
+    adjust_text(texts, x=list(xs), y=list(ys), ax=axes, iter_lim=LABEL_ITERATIONS)
+    separate_labels(axes, texts)
+    to_display = axes.transData.transform
+    for text, x, y in zip(texts, xs, ys):
+        if abs(to_display(text.get_position()) - to_display((x, y))).max() > LEADER_MIN_PX:
+            axes.annotate("", xy=(x, y), xytext=text.get_position(),
+                          arrowprops={"arrowstyle": "-", "color": "grey", "linewidth": 0.5})
+
+
+#: a label this many pixels or more from its point gets a line to it
+LEADER_MIN_PX = 12
+
+
+def separate_labels(axes, texts: list) -> None:
+    """Part the labels adjustText left overlapping (its forces can settle into a cycle, and where
+    depends on the font metrics of the matplotlib release): while two boxes overlap, the later
+    label moves up until it clears the earlier one. Deterministic, and ends: each move lifts a
+    label above another, at most a few moves per label."""
+    renderer = axes.figure.canvas.get_renderer()
+    for _ in range(4 * len(texts) ** 2):
+        boxes = [text.get_window_extent(renderer) for text in texts]
+        pair = next(((i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                     if boxes[i].overlaps(boxes[j])), None)
+        if pair is None:
+            return
+        below, above = pair
+        x, y = axes.transData.transform(texts[above].get_position())
+        lift = boxes[below].y1 + 2 - boxes[above].y0
+        texts[above].set_position(axes.transData.inverted().transform((x, y + lift)))
 
 
 def overlapping_texts(figure) -> list[tuple[str, str]]:

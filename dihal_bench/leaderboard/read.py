@@ -82,6 +82,9 @@ class Group:
     notes: list[str] = field(default_factory=list)
     #: where the records disagree on a metric (under the methods table)
     metric_notes: list[str] = field(default_factory=list)
+    #: how the samples were made and scored, each setting with every value the records give
+    #: (`protocol_values`): what a methods table's header states
+    protocol: dict[str, list] = field(default_factory=dict)
     folder: str = ""  # set by `assign_folders` once every group is known
     #: the record files among ``sources`` that carry no seal (written before records were sealed)
     unverified: list[str] = field(default_factory=list)
@@ -106,6 +109,9 @@ class Group:
         for kind, new in rows.items():
             self.rows[kind] += new
         self._add_metrics(record["metrics"], source)
+        for key, value in protocol_values(record).items():
+            if value not in self.protocol.setdefault(key, []):
+                self.protocol[key].append(value)
         self.entries += [(source, entry) for entry in record["per_seed"]]
         for entry in record["per_seed"]:
             for name, method in entry["methods"].items():
@@ -192,6 +198,18 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
 
 #: what reading a record that passed the schema but not our reading of it raises
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
+def protocol_values(record: dict) -> dict:
+    """The settings of a record that say how its samples were made and scored: the scorer and
+    whether it is the backbone itself, samples per seed, their length in tokens, the dtype the
+    models computed in (those a record lacks are left out)."""
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    sampling = config.get("sampling") if isinstance(config.get("sampling"), dict) else {}
+    values = {"scorer": record.get("evaluator"),
+              "scorer_is_backbone": config.get("evaluator_is_backbone", record.get("evaluator") == record.get("backbone")),
+              "samples": sampling.get("samples"), "seq_len": sampling.get("seq_len"), "dtype": config.get("dtype")}
+    return {key: value for key, value in values.items() if value is not None}
 
 
 def malformed(path: Path, exc: Exception) -> DihalError:

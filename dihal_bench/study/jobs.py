@@ -132,7 +132,8 @@ class JobStore:
     def vanished(self, exc: FileNotFoundError, folder: Path) -> DihalError | None:
         """The one-line error for a job whose input in the store vanished while it ran (another
         process deleted the store or a job in it); any other missing file is left as it is."""
-        missing = exc.filename or str(exc).rpartition(": ")[2]
+        # safetensors names the file in its message only, quoted by some releases
+        missing = exc.filename or str(exc).rpartition(": ")[2].strip("'\"")
         root = Path(self.root).resolve()
         if not (missing and Path(missing).resolve().is_relative_to(root)):
             return None
