@@ -491,7 +491,8 @@ def sample_set(texts: list[str], tokenizer) -> SampleSet:
 
 
 def test_plugin_registers_every_builtin_metric(registered):
-    assert set(registered) == {"gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "diversity_pooled", "mauve"}
+    assert set(registered) == {"gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity", "diversity_pooled", "mauve",
+                               "copied_8grams"}
     assert registered["gen_ppl"][1]["higher_is_better"] is False
     assert registered["mauve"][1]["higher_is_better"] is True
     assert registered["diversity_pooled"][1]["higher_is_better"] is True

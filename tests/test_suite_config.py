@@ -366,7 +366,7 @@ def test_a_suite_scoring_with_its_own_backbone_is_refused_unless_it_says_so():
         check_scorer(own)
     check_scorer(apply_overrides(own, {"evaluator_is_backbone": "true"}))
     # the suites that name their backbone as evaluator say so, and the paper suite uses the field's scorer
-    for name in ("smoke", "sanity", "sanity-4x"):
+    for name in ("smoke", "sanity"):
         _, config = resolve_suite(name)
         assert config.evaluator == config.backbone and config.evaluator_is_backbone
         check_scorer(config)

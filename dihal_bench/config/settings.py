@@ -133,6 +133,18 @@ class SamplingSettings(_Table):
 
 
 @dataclass(frozen=True)
+class ScalesSettings(_Table):
+    """``[scales]``: the budget factors each trained row is trained at (docs/method.md#budget-scales)."""
+
+    factors: tuple[int, ...]
+    rows: Mapping[str, Any]  # row label -> its own list of factors
+
+    def of(self, label: str) -> tuple[int, ...]:
+        """The factors row ``label`` (a trained row) is trained at."""
+        return tuple(self.rows.get(label, self.factors))
+
+
+@dataclass(frozen=True)
 class MetricsSettings(_Table):
     """``[metrics]``: which metrics score the samples, and how."""
 
@@ -164,6 +176,7 @@ class SuiteConfig(_Table):
     bridge: BridgeSettings
     methods: MethodsSettings
     sampling: SamplingSettings
+    scales: ScalesSettings
     metrics: MetricsSettings
 
     def budget_table(self, section: str) -> Mapping[str, Any]:

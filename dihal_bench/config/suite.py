@@ -86,6 +86,9 @@ DEFAULTS: dict = {
     "methods": {"dihal": list(DIHAL_ROLES), "controls": [], "references": [], "baselines": []},
     "sampling": {"samples": 64, "seq_len": 64, "batch_size": 16, "temperature": 1.0, "top_p": 1.0,
                  "diffusion_steps": 50},
+    # budget scales (docs/method.md#budget-scales): every trained row at each factor of the matched
+    # budget, or at its own list in `rows` (row label -> factors)
+    "scales": {"factors": [1], "rows": {}},
     "metrics": {"names": [DEFAULT_METRICS],
                 "mauve": True, "latency_repeats": 3, "max_length": 1024,
                 # a method with fewer valid samples is flagged, not averaged (docs/method.md#metrics)
@@ -94,7 +97,7 @@ DEFAULTS: dict = {
 }
 
 #: sections whose contents are free-form (checked by the component that reads them)
-OPEN_SECTIONS = {("budget",), ("sweep", "budget"), ("bridge", "options")}
+OPEN_SECTIONS = {("budget",), ("sweep", "budget"), ("bridge", "options"), ("scales", "rows")}
 
 
 def _merge(base: dict, update: dict, where: tuple[str, ...], source: str) -> dict:
@@ -276,6 +279,19 @@ def _counts(value, key: str, source: str) -> list[int]:
     return sorted({as_int(v, key, source, minimum=1) for v in value})
 
 
+def _factors(value, key: str, source: str) -> list[int]:
+    factors = _counts(value, key, source)
+    if not factors:
+        raise fail(source, key, "a non-empty list of integers >= 1", value)
+    return factors
+
+
+def _row_factors(value, key: str, source: str) -> dict:
+    """``scales.rows``: row label -> its own budget factors (which rows train is checked by preflight)."""
+    return {_string(label, key, source): _factors(factors, f"{key}.{label}", source)
+            for label, factors in _table(value, key, source).items()}
+
+
 def _count_or_all(value, key: str, source: str) -> int | str:
     if value == "all":
         return value
@@ -331,6 +347,8 @@ RULES = {
     "sampling.temperature": lambda v, k, s: as_float(v, k, s, low=0.0, low_open=True),
     "sampling.top_p": lambda v, k, s: as_float(v, k, s, low=0.0, high=1.0, low_open=True),
     "sampling.diffusion_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "scales.factors": _factors,
+    "scales.rows": _row_factors,
     "metrics.names": lambda v, k, s: _metric_names(_names(v, k, s, allow_empty=True)),
     "metrics.mauve": _bool,
     "metrics.latency_repeats": lambda v, k, s: as_int(v, k, s, minimum=1),

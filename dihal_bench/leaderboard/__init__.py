@@ -3,14 +3,16 @@
 Records are grouped by (suite, backbone, evaluator), and each (configuration, seed) of a group
 is pooled once, from its newest record: each table cell is the mean ± sample standard
 deviation (ddof=1) over the seeds that have the value, with n, the number of those seeds. A
-group gets three tables:
+group gets these tables:
 
 - methods: one row per method (DiHAL at ℓ*, worst and oracle layers, the baselines and the
   backbone itself) with each metric the records declare (their ``metrics`` mapping gives the
   columns, titles, arrows and order), latency and training budget;
 - layers: one row per swept layer with each locate proxy's raw value, the combined score
   S(ℓ) and the sweep's bridgeability and hybrid measurements;
-- proxies: the rank correlation of each proxy and of S(ℓ) with −(bridge validation MSE).
+- proxies: the rank correlation of each proxy and of S(ℓ) with −(bridge validation MSE);
+- budget, where rows were trained at several budget scales (docs/method.md#budget-scales): one
+  row per (row, scale) with its training FLOPs and metrics.
 
 and PNG plots (`plot`). The modules follow the data: `read` (records to rows), `aggregate`
 (rows to tables), `render` (tables as md, csv, html, latex), `plot`, and `page` (the single
@@ -56,7 +58,7 @@ PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.
 TOP_LEVEL = {"index.md": "md", "leaderboard.html": "html", "leaderboard.png": "html"}
 #: The tables a group can have (`aggregate.tables`).
-TABLE_NAMES = ("methods", "metrics", "steps", "layers", "proxies")
+TABLE_NAMES = ("methods", "metrics", "budget", "steps", "layers", "proxies")
 
 
 def check_formats(formats: Iterable[str]) -> list[str]:
@@ -74,7 +76,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     """Aggregate the run records in ``results_dir`` into leaderboards under ``out_dir``
     (``groups``: those records as ``read_groups`` gave them, for a caller that reads them itself).
 
-    Writes, per (suite, backbone, evaluator) group, ``<group>/methods|metrics|steps|layers|proxies.<ext>``
+    Writes, per (suite, backbone, evaluator) group, ``<group>/methods|metrics|budget|steps|layers|proxies.<ext>``
     in each of ``formats`` (md, csv, html, latex) and the PNG plots; plus ``index.md`` (with
     md) and, with html, ``leaderboard.html``, every group on one self-contained page, and
     ``leaderboard.png``, its picture. Everything is rendered before anything is written.

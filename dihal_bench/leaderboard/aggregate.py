@@ -19,6 +19,7 @@ from dihal_bench.leaderboard.metric_warnings import warning_notes
 from dihal_bench.leaderboard.read import CORRELATION_SETS, Group, rank_series
 from dihal_bench.numerics.degenerate import ENTROPY_MARGIN
 from dihal_bench.numerics.stats import Stratum, holm, stratified_rank_test
+from dihal_bench.study.plan import scaled_label, split_scale
 
 #: how a metric's interval was made, where its record says (``<metric>_interval``); an interval
 #: whose record says nothing is MAUVE's with-replacement bootstrap of the records before 2026-12-05,
@@ -57,6 +58,11 @@ LAYERS_NOTE = (
     "split); Hybrid PPL and KL are the hybrid's teacher-forced perplexity and KL to the backbone; "
     "Skip PPL feeds the embeddings straight to the layers above ℓ (no bridge). The ℓ* column "
     "lists the seeds whose locate step chose the layer."
+)
+BUDGET_NOTE = (
+    "Each row trained at several scales s of the matched budget (s × the steps over s × the passes of the "
+    "same windows, all else the same: docs/method.md#budget-scales), train PFLOP counted from each scale's "
+    "own budget; a row trained at one scale only is in the methods table alone."
 )
 PROXIES_NOTE = (
     "Spearman ρ and Kendall τ of each proxy (signed so that higher is better), of S(ℓ) and of "
@@ -263,9 +269,14 @@ def seed_intervals(rows: pd.DataFrame, metric: str, kinds: dict[int, str | None]
     return "; ".join(cells) or "—"
 
 
+#: the budget cell of a row trained under the matched budget; at a budget scale s ≠ 1, "matched ×s"
+MATCHED = "matched"
+
+
 def budget_label(rows: pd.DataFrame) -> str:
     if rows["in_budget"].all():
-        return "matched"
+        scale = int(rows["scale"].iat[0]) if "scale" in rows else 1
+        return MATCHED if scale == 1 else f"{MATCHED} ×{scale}"
     if (rows["kind"] == "reference").all():
         return "no model"
     return "nothing trained" if (rows["kind"] == "control").all() else "outside"
@@ -302,11 +313,13 @@ def metric_table(group: Group) -> Table:
 
 def method_name(name: str, rows: pd.DataFrame) -> str:
     """``DiHAL (ℓ*=3)``, ``DiHAL worst (ℓ=29)``, ``DiHAL oracle (ℓ∈{3, 5})`` (the layer
-    differs across seeds); a baseline keeps its plugin name."""
+    differs across seeds), ``DiHAL@4x (ℓ*=3)`` at a budget scale; a baseline keeps its plugin name."""
     if not (rows["kind"] == "dihal").all():
         return name
-    role = name.removeprefix("dihal-")
+    row, scale = split_scale(name)
+    role = row.removeprefix("dihal-")
     label, symbol = DIHAL_ROLES.get(role, (f"DiHAL {role}", "ℓ"))
+    label = scaled_label(label, scale)
     layers = sorted({int(layer) for layer in rows["layer"].dropna()})
     if len(layers) == 1:
         return f"{label} ({symbol}={layers[0]})"
@@ -415,12 +428,73 @@ def split_proxy_row(proxy: str) -> tuple[str, str]:
     return proxy, ""
 
 
+def scaled_rows(group: Group) -> pd.DataFrame:
+    """The group's method rows (one per seed) of every row trained at two scales or more, ordered by
+    row (as the methods table lists them) then scale: what the budget table and the compute plot
+    read. Empty where no row has a scale other than 1 (every record before scales)."""
+    frame = pd.DataFrame(group.rows["methods"])
+    if frame.empty or "scale" not in frame or (frame["scale"] == 1).all():
+        return frame.iloc[0:0]
+    scales = frame.groupby("row", sort=False)["scale"].nunique()
+    return by_row_then_scale(frame[frame["row"].isin(scales.index[scales >= 2])])
+
+
+def by_row_then_scale(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` (with ``row`` and ``scale`` columns) with each row's scales together and ascending, the
+    rows in first-seen order: the methods table's (the runner's) order, not the alphabet's."""
+    order = {row: i for i, row in enumerate(dict.fromkeys(frame["row"]))}
+    ranked = frame.assign(row_order=frame["row"].map(order))
+    return ranked.sort_values(["row_order", "scale"], kind="stable").drop(columns="row_order")
+
+
+def nll_metric(group: Group) -> str | None:
+    """The group's first metric that is a held-out NLL (its key holds "nll"), if any."""
+    return next((name for name in group.metrics if "nll" in name.lower()), None)
+
+
+#: the metrics the budget table shows, where the group's records carry them: Gen.PPL, entropy, MAUVE,
+#: then the held-out NLL (`nll_metric`) and the share of sample 8-grams copied from the training split
+BUDGET_METRICS = ("gen_ppl", "entropy", "mauve")
+COPIED_METRIC = "copied_8grams"
+
+
+def budget_table(group: Group) -> Table | None:
+    """One line per (row, scale) of each row trained at two scales or more (`scaled_rows`): the seeds
+    it pools, its training PFLOP and its metrics, mean ± std over seeds as in the methods table; so
+    that a row's quality reads as a curve against compute. None where no row has two scales."""
+    frame = scaled_rows(group)
+    if frame.empty:
+        return None
+    metrics = [name for name in (*BUDGET_METRICS, nll_metric(group), COPIED_METRIC) if name in group.metrics]
+    columns = [Column("row", "Row", "text"), Column("scale", "Scale", "text"), Column("seeds", "Seeds", "count"),
+               Column("degenerate", "Degenerate", "text"),
+               Column("train_pflop", "Train PFLOP", description="training FLOPs in all ÷ 10¹⁵, counted from "
+                      "the scale's own budget (docs/method.md#counting-compute)"),
+               *(metric_column(name, group.metrics[name]) for name in metrics)]
+    stats = summarise(frame, "method", ["train_pflop", *metrics])
+    per_label = frame.groupby("method", sort=False)
+    seeds = per_label.size().to_numpy()  # one method row per pooled seed that has the label
+    labels = {"row": [rows["row"].iat[0] for _, rows in per_label],
+              "scale": [f"{int(rows['scale'].iat[0])}×" for _, rows in per_label],
+              "degenerate": [flag_label(group.entries, label) for label, _ in per_label]}
+    counts = {"seeds_mean": seeds.astype(float), "seeds_std": 0.0, "seeds_n": seeds}  # a count, shown bare
+    numbers = stats.reset_index().assign(**labels, **counts)[["method", *labels, *counts, *stats.columns]]
+    return Table("budget", "Budget scales", BUDGET_NOTE, numbers, labels, columns, group.seeds)
+
+
+def metric_column(name: str, metric: dict) -> Column:
+    """A metric's column as the methods table heads it: its title, arrow and description."""
+    return Column(name, f"{metric_header(name, metric)}{arrow(metric['higher_is_better'])}",
+                  description=metric["description"])
+
+
 def tables(group: Group) -> list[Table]:
     """The group's tables; a geometry-only group (records without methods) has no methods table, a
-    suite without a sampling-steps axis no steps table."""
+    suite without a sampling-steps axis no steps table, a suite without budget scales no budget table."""
     methods = [method_table(group), metric_table(group)] if group.rows["methods"] else []
+    budget = budget_table(group) if group.rows["methods"] else None
     steps = [steps_table(group)] if group.rows["steps"] else []
-    return [*methods, *steps, layer_table(group), proxy_table(group)]
+    return [*methods, *([budget] if budget is not None else []), *steps, layer_table(group), proxy_table(group)]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

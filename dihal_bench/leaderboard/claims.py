@@ -5,7 +5,9 @@ README embeds between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
 Records are read and pooled as the leaderboard reads them (`read.read_groups`: each (configuration,
 seed) once, from its newest record). Every verdict is one of `VERDICTS` and cites its rule and its
 interval; a claim whose records lack the data (per-sample NLLs in records made before they were
-kept) is "not tested", never given a number the records do not hold.
+kept) is "not tested", never given a number the records do not hold. In a group whose records train
+rows at several budget scales, a paired Gen.PPL claim's verdict cell lists one of `VERDICTS` per scale
+(docs/method.md, "Claims across budget scales").
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dihal_bench.numerics.stats import (
     spearman_versus,
     stratified_rank_test,
 )
+from dihal_bench.study.plan import scaled_label, split_scale
 
 START_MARKER = "<!-- claims:start -->"
 END_MARKER = "<!-- claims:end -->"
@@ -55,6 +58,8 @@ RIVALS = {
     "mdlm": "masked diffusion (MDLM) trained from scratch",
 }
 NO_NLL = "not tested: the records keep no per-sample NLLs (records from before they were kept), so no interval"
+#: the row every paired Gen.PPL claim puts against another: DiHAL at the geometry-chosen layer ℓ*
+DIHAL = "dihal-chosen"
 
 
 @dataclass(frozen=True)
@@ -90,15 +95,39 @@ def evaluate(groups: list[Group]) -> list[Claim]:
     compared = [group for group in groups if has_gen_ppl(group)]
     paper = [group for group in compared if set(first_methods(group)) & set(PAPER_BASELINES)]
     for group in paper:
-        rows += [baselines_claim(group), oracle_claim(group), regressor_claim(group)]
+        rows += paper_claims(group)
     if compared and not paper:
         rows.append(Claim(CLAIM_BASELINES, "no committed record with Gen.PPL holds a row of the paper's baselines",
                           "—", "no measurement", NOT_TESTED))
     rows += [latency_claim(group) for group in compared]
     for rival in RIVALS if compared else ():
-        holding = [group for group in compared if rival in first_methods(group)]
-        rows += [rival_question(group, rival) for group in holding] or [untested_rival(rival)]
+        holding = [group for group in compared if rival in row_scales(group)]
+        rows += [row for group in holding for row in rival_rows(group, rival)] or [untested_rival(rival)]
     return rows
+
+
+def paper_claims(group: Group) -> list[Claim]:
+    """The paper's method claims from a group that runs its comparison. With one budget scale, as
+    they always were; with several, the paired ones decided at each scale and then at matched training
+    compute, one row per other row (docs/method.md, "Claims across budget scales"). The oracle claim
+    compares two layers of DiHAL, not DiHAL with another row, so it stays at the matched budget."""
+    if not multi_scale(group):
+        return [baselines_claim(group), oracle_claim(group), regressor_claim(group)]
+    baselines = paper_baselines(group)
+    return [across_scales(group, {s: baselines_claim(group, s) for s in shared_scales(group, baselines)}),
+            oracle_claim(group),
+            across_scales(group, {s: regressor_claim(group, s) for s in shared_scales(group, ["control-regressor"])}),
+            *[compute_matched(group, other) for other in [*baselines, "control-regressor"]
+              if other in row_scales(group)]]
+
+
+def rival_rows(group: Group, rival: str) -> list[Claim]:
+    """The question about ``rival`` from a group that holds it: one row with one budget scale; with
+    several, the row per scale and the row at matched training compute."""
+    if not multi_scale(group):
+        return [rival_question(group, rival)]
+    return [across_scales(group, {s: rival_question(group, rival, s) for s in shared_scales(group, [rival])}),
+            compute_matched(group, rival)]
 
 
 def has_gen_ppl(group: Group) -> bool:
@@ -191,14 +220,17 @@ def untestable_series(per_seed: list) -> str | None:
 # --- the method claims ---------------------------------------------------------------------------
 
 
-def baselines_claim(group: Group) -> Claim:
-    """DiHAL at ℓ* has a lower Gen.PPL than every matched-budget baseline."""
+def baselines_claim(group: Group, scale: int = 1) -> Claim:
+    """DiHAL at ℓ* has a lower Gen.PPL than every matched-budget baseline: both sides at ``scale``
+    (the paper's baselines that the records train at it)."""
+    dihal = scaled_label(DIHAL, scale)
     rivals = [method for method, row in first_methods(group).items()
-              if method in PAPER_BASELINES and row["kind"] == "baseline" and row["in_budget"]]
-    ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, 'dihal-chosen', rival)}" for rival in rivals)
-    comparisons = {rival: compare(group, "dihal-chosen", rival) for rival in rivals}
+              if split_scale(method) in {(base, scale) for base in PAPER_BASELINES}
+              and row["kind"] == "baseline" and row["in_budget"]]
+    ratios = "; ".join(f"{markdown_text(rival)} {per_seed_ratio(group, dihal, rival)}" for rival in rivals)
+    comparisons = {rival: compare(group, dihal, rival) for rival in rivals}
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ each matched baseline's ({seeds(group)}): {ratios}"
-                   f"{floor_note(list(comparisons.values()))}{compute_note(group, 'dihal-chosen', rivals)}")
+                   f"{floor_note(list(comparisons.values()))}{compute_note(group, dihal, rivals)}")
     rule = (f"reproduced iff, for every matched baseline, the paired {100 * (1 - ALPHA):.0f}% interval of "
             "log Gen.PPL(DiHAL) − log Gen.PPL(baseline) lies below 0; not reproduced iff one lies above 0; "
             f"else not shown. {FLOOR_RULE}")
@@ -239,32 +271,37 @@ def oracle_claim(group: Group) -> Claim:
                   below=REPRODUCED, above=NOT_REPRODUCED, inclusive=True)
 
 
-def regressor_claim(group: Group) -> Claim:
+def regressor_claim(group: Group, scale: int = 1) -> Claim:
     """Diffusion is what makes the bridge work: DiHAL beats the same network trained as a one-step
-    regressor."""
+    regressor (both at ``scale``)."""
+    dihal, regressor = scaled_label(DIHAL, scale), scaled_label("control-regressor", scale)
     measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ the one-step regressor with the same network and "
-                   f"budget {per_seed_ratio(group, 'dihal-chosen', 'control-regressor')} ({seeds(group)})")
+                   f"budget {per_seed_ratio(group, dihal, regressor)} ({seeds(group)})")
     rule = (f"reproduced iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − "
             f"log Gen.PPL(regressor) lies below 0; not reproduced iff above 0; else not shown. {FLOOR_RULE}")
     claim = "diffusion steps are what make the bridge work (beyond one-step regression)"
-    if not all("control-regressor" in entry["methods"] for _, entry in group.entries):
+    if not all(regressor in entry["methods"] for _, entry in group.entries):
         return Claim(claim, measurement, rule, "no regressor control in the records", NOT_TESTED)
-    comparison = compare(group, "dihal-chosen", "control-regressor")
+    comparison = compare(group, dihal, regressor)
     return decide(claim, measurement + floor_note([comparison]), rule, comparison, 0.0,
                   below=REPRODUCED, above=NOT_REPRODUCED)
 
 
-def rival_question(group: Group, rival: str) -> Claim:
+def rival_question(group: Group, rival: str, scale: int = 1) -> Claim:
     """This benchmark's question, not the paper's: does DiHAL at ℓ* beat ``rival`` on Gen.PPL with
-    the same backbone, data and allowance?"""
+    the same backbone, data and allowance (both at ``scale``)?"""
+    dihal, other = scaled_label(DIHAL, scale), scaled_label(rival, scale)
     question = f"(this benchmark's question) DiHAL at ℓ\\* beats {RIVALS[rival]} on Gen.PPL under the same allowance"
-    measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ {markdown_text(rival)}'s "
-                   f"{per_seed_ratio(group, 'dihal-chosen', rival)} ({seeds(group)})")
-    rule = (f"yes iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({rival}) "
+    measurement = (f"{name(group)}: Gen.PPL of DiHAL at ℓ\\* ÷ {markdown_text(other)}'s "
+                   f"{per_seed_ratio(group, dihal, other)} ({seeds(group)})")
+    comparison = compare(group, dihal, other)
+    measurement += floor_note([comparison]) + compute_note(group, dihal, [other])
+    return decide(question, measurement, rival_rule(rival), comparison, 0.0, below=YES, above=NO)
+
+
+def rival_rule(rival: str) -> str:
+    return (f"yes iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({rival}) "
             f"lies below 0; no iff above 0; else not shown. {FLOOR_RULE}")
-    comparison = compare(group, "dihal-chosen", rival)
-    measurement += floor_note([comparison]) + compute_note(group, "dihal-chosen", [rival])
-    return decide(question, measurement, rule, comparison, 0.0, below=YES, above=NO)
 
 
 def untested_rival(rival: str) -> Claim:
@@ -272,6 +309,133 @@ def untested_rival(rival: str) -> Claim:
     return Claim(f"(this benchmark's question) DiHAL at ℓ\\* beats {RIVALS[rival]} on Gen.PPL under the same allowance",
                  f"no committed record with Gen.PPL holds a row for {markdown_text(rival)}", "—",
                  "no measurement", NOT_TESTED)
+
+
+# --- claims across budget scales (docs/method.md, "Claims across budget scales") -------------------
+
+
+def multi_scale(group: Group) -> bool:
+    """Whether the group's records train any row at a scale other than the matched budget: only
+    then do the paired claims read per scale, so a group with one scale reads exactly as before."""
+    return any(split_scale(label)[1] != 1 for _, entry in group.entries for label in entry["methods"])
+
+
+def row_scales(group: Group) -> dict[str, list[int]]:
+    """Each row (its label at scale 1) -> the budget scales every pooled seed holds it at, ascending:
+    a comparison at a scale needs both sides on every seed, as one at the matched budget does."""
+    found: dict[str, list[int]] = {}
+    for label in first_methods(group):
+        row, scale = split_scale(label)
+        found.setdefault(row, []).append(scale)
+    return {row: sorted(scales) for row, scales in found.items()}
+
+
+def shared_scales(group: Group, others: list[str]) -> list[int]:
+    """The scales where DiHAL at ℓ* and at least one of ``others`` were both trained ([1] where there
+    is none, so that the claim still has its row and says why it is not tested)."""
+    scales = row_scales(group)
+    theirs = {scale for other in others for scale in scales.get(other, [])}
+    return [scale for scale in scales.get(DIHAL, []) if scale in theirs] or [1]
+
+
+def paper_baselines(group: Group) -> list[str]:
+    """The paper's baselines the group trains within the allowance, at any scale, in record order:
+    the rows the baselines claim reads (its variants and the over-allowance rows are not)."""
+    methods = first_methods(group)
+    return [row for row, scales in row_scales(group).items() if row in PAPER_BASELINES
+            and methods[scaled_label(row, scales[0])]["kind"] == "baseline"
+            and methods[scaled_label(row, scales[0])]["in_budget"]]
+
+
+SCALES_RULE = ("Decided at each budget scale where both sides were trained, DiHAL at ℓ\\* at that scale against the "
+               "other row at the same scale.")
+
+
+def across_scales(group: Group, decided: dict[int, Claim], *, claim: str | None = None, rule_note: str = SCALES_RULE,
+                  names: dict[int, str] | None = None) -> Claim:
+    """One row from a claim decided at each of several scales (``names``: how each scale is called,
+    "2×" unless given): every scale's verdict, and where two consecutive scales disagree, both named
+    with their intervals. Each scale is its own test; the row says how many were made instead of
+    correcting for them."""
+    names = {s: (names or {}).get(s, f"{s}×") for s in sorted(decided)}
+    first = decided[min(decided)]
+    prefix = f"{name(group)}: "
+    measurement = prefix + "; ".join(f"{names[s]}: {decided[s].measurement.removeprefix(prefix)}" for s in names)
+    rule = f"{first.rule} {rule_note} No correction across scales: each scale is its own test."
+    verdict = " · ".join(f"{names[s]}: {decided[s].verdict}" for s in names)
+    return Claim(claim or first.claim, measurement, rule, scales_interval(decided, names), verdict)
+
+
+def scales_interval(decided: dict[int, Claim], names: dict[int, str]) -> str:
+    """The interval cell of a row over scales: how many scales were tested, each change of verdict
+    between consecutive scales with both intervals, then the intervals of the scales no change names."""
+    scales = sorted(decided)
+    changes = [(a, b) for a, b in zip(scales, scales[1:]) if decided[a].verdict != decided[b].verdict]
+    named = {s for pair in changes for s in pair}
+    parts = [f"{len(scales)} budget scale{'s' if len(scales) != 1 else ''} tested "
+             f"({', '.join(f'{s}×' for s in scales)}), each at the {100 * ALPHA:.0f}% level, "
+             "no correction across them"]
+    parts += [f"The verdict changes between {names[a]} and {names[b]} ({decided[a].verdict} → {decided[b].verdict}): "
+              f"{names[a]}: {decided[a].interval}; {names[b]}: {decided[b].interval}" for a, b in changes]
+    rest = [f"{names[s]}: {decided[s].interval}" for s in scales if s not in named]
+    heading = "Other scales: " if changes else "The same verdict at every scale: " if len(scales) > 1 else ""
+    return ". ".join(parts + ([heading + "; ".join(rest)] if rest else []))
+
+
+def compute_matched(group: Group, other: str) -> Claim:
+    """DiHAL at ℓ* against ``other`` at matched training compute: for ``other`` at each of its scales
+    r, DiHAL at the largest of its scales that costs no more in training FLOPs, decided by the pair's
+    own rule. What a matched parameter budget leaves open is whether DiHAL merely trains cheaper."""
+    rival = other in RIVALS
+    words = {"below": YES, "above": NO} if rival else {"below": REPRODUCED, "above": NOT_REPRODUCED}
+    asker = "(this benchmark's question) " if rival else ""
+    what = RIVALS[other] if rival else markdown_text(other)
+    claim = f"{asker}DiHAL at ℓ\\* beats {what} on Gen.PPL at matched training compute"
+    rule = rival_rule(other) if rival else (
+        f"reproduced iff the paired {100 * (1 - ALPHA):.0f}% interval of log Gen.PPL(DiHAL) − log Gen.PPL({other}) "
+        f"lies below 0; not reproduced iff above 0; else not shown. {FLOOR_RULE}")
+    own = {s: train_pflop(group, scaled_label(DIHAL, s)) for s in row_scales(group).get(DIHAL, [])}
+    theirs = {r: train_pflop(group, scaled_label(other, r)) for r in row_scales(group).get(other, [])}
+    decided = {r: matched_pair(group, scaled_label(other, r), own, theirs[r], claim, rule, words) for r in theirs}
+    picks = {r: matched_scale(own, flops) for r, flops in theirs.items()}
+    names = {r: f"{r}×" if pick is None else f"{r}× (DiHAL {pick}×)" for r, pick in picks.items()}
+    note = (f"The scales named are {other}'s: at each, DiHAL at ℓ\\* at the largest of its scales whose training "
+            f"FLOPs (mean over the seeds; locate and the sweep not charged) are at most {other}'s there; not tested "
+            "where DiHAL's smallest scale costs more.")
+    return across_scales(group, decided, claim=claim, rule_note=note, names=names)
+
+
+def matched_scale(own: dict[int, float | None], theirs: float | None) -> int | None:
+    """DiHAL's largest scale whose training PFLOP (``own``: scale -> mean) are at most ``theirs``;
+    None where none is, or where a count is missing (a pick without it could be the wrong one)."""
+    if theirs is None or any(flops is None for flops in own.values()):
+        return None
+    affordable = [scale for scale, flops in own.items() if flops <= theirs]
+    return max(affordable) if affordable else None
+
+
+def matched_pair(group: Group, other: str, own: dict[int, float | None], theirs: float | None, claim: str, rule: str,
+                 words: dict[str, str]) -> Claim:
+    """``other`` (one scaled row, ``theirs`` PFLOP) against DiHAL at ℓ* at `matched_scale`, or "not
+    tested" with both counts where even DiHAL's smallest scale costs more, or naming a missing count."""
+    label = markdown_text(other)
+    pick = matched_scale(own, theirs)
+    if pick is None:
+        missing = [scaled_label(DIHAL, s) for s, flops in own.items() if flops is None]
+        missing += [other] if theirs is None else []
+        smallest = min(own)
+        why = (f"no training FLOP count for {', '.join(markdown_text(m) for m in missing)}" if missing else
+               f"DiHAL at ℓ\\* at its smallest scale ({smallest}×) trains on {fmt(own[smallest])} PFLOP, "
+               f"more than {label}'s {fmt(theirs)} PFLOP")
+        return Claim(claim, f"{label}: no scale of DiHAL at ℓ\\* to set against it", rule, f"not tested: {why}",
+                     NOT_TESTED)
+    dihal = scaled_label(DIHAL, pick)
+    comparison = compare(group, dihal, other)
+    ratio = f"{fmt(own[pick] / theirs) if theirs else '—'}× {label}'s FLOPs"
+    measurement = (f"{label} ({fmt(theirs)} PFLOP) against DiHAL at ℓ\\* at {pick}× ({fmt(own[pick])} PFLOP, "
+                   f"{ratio}): Gen.PPL ratio {per_seed_ratio(group, dihal, other)} ({seeds(group)})"
+                   f"{floor_note([comparison])}")
+    return decide(claim, measurement, rule, comparison, 0.0, **words)
 
 
 def latency_claim(group: Group) -> Claim:
@@ -412,16 +576,19 @@ def sample_nll(entry: dict, method: str) -> SampleNLL | None:
 def compute_note(group: Group, first: str, others: list[str]) -> str:
     """What "matched" does not say: each of ``others``' training FLOPs in all ÷ ``first``'s, means
     over the group's seeds (docs/method.md#counting-compute); empty where a count is missing."""
-    def train_pflop(method: str) -> float | None:
-        values = [row["train_pflop"] for row in group.rows["methods"]
-                  if row["method"] == method and math.isfinite(row.get("train_pflop", math.nan))]
-        return sum(values) / len(values) if values else None
-
-    own = train_pflop(first)
-    counted = [(other, train_pflop(other)) for other in others]
+    own = train_pflop(group, first)
+    counted = [(other, train_pflop(group, other)) for other in others]
     cells = [f"{markdown_text(other)} {fmt(flops / own)}× ({fmt(flops)} vs {fmt(own)} PFLOP)"
              for other, flops in counted if own and flops]
     return f"; training compute ÷ DiHAL's: {', '.join(cells)}" if cells else ""
+
+
+def train_pflop(group: Group, method: str) -> float | None:
+    """A method row's training PFLOP, the mean over the group's seeds that count it (None where none
+    does): what a compute note and a compute-matched pick read."""
+    values = [row["train_pflop"] for row in group.rows["methods"]
+              if row["method"] == method and math.isfinite(row.get("train_pflop", math.nan))]
+    return sum(values) / len(values) if values else None
 
 
 def per_seed_ratio(group: Group, first: str, second: str) -> str:

@@ -180,7 +180,8 @@ class Sources:
 
 
 #: table name -> the kind of the group's rows it is made of, and the columns that name a row in both
-ROW_KEYS = {"methods": ("methods", ("method",)), "steps": ("steps", ("steps", "sampler")),
+ROW_KEYS = {"methods": ("methods", ("method",)), "budget": ("methods", ("method",)),
+            "steps": ("steps", ("steps", "sampler")),
             "layers": ("layers", ("layer",)), "proxies": ("proxies", ("proxy",))}
 
 
@@ -345,6 +346,7 @@ def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]
             f"{html.escape(provenance(group.sources, group.unverified))}</p>\n"
             + sources_block(group, tables.get("methods"), sources)
             + (table_block(group, tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
+            + (table_block(group, tables["budget"]) if "budget" in tables else "")
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
             + (table_block(group, tables["steps"]) if "steps" in tables else "")
             + table_block(group, tables["proxies"]) + table_block(group, tables["layers"]) + "</section>\n")

@@ -5,6 +5,8 @@
 - S(ℓ) against bridge validation MSE per swept layer;
 - the methods' trade-off: the first lower-is-better metric of the records against their first
   higher-is-better one (Gen.PPL against entropy for the built-in metrics), with its Pareto front;
+- where rows were trained at several budget scales (docs/method.md#budget-scales), Gen.PPL against
+  training FLOPs, one line per row through its scales, with the Pareto front over every row and scale;
 
 points are labelled where the labels can be read: placed by adjustText so that no label covers
 another or a point, legends beside the axes (`overlapping_texts` finds any two that still overlap;
@@ -24,12 +26,16 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from dihal_bench.leaderboard.aggregate import (
+    MATCHED,
     Table,
     arrow,
+    by_row_then_scale,
     pareto_front,
+    scaled_rows,
     summarise,
     value_columns,
 )
+from dihal_bench.leaderboard.degenerate import degenerate_seeds
 from dihal_bench.leaderboard.read import Group, one_line
 from dihal_bench.leaderboard.render import (
     CITATION_KEY,
@@ -231,7 +237,7 @@ def plot_tradeoff(group: Group, methods: Table | None) -> Drawing | None:
     for _, row in table.iterrows():
         point = (row[f"{x}_mean"], row[f"{y}_mean"])
         labels.setdefault(point, []).append(row["name"])
-        reference = row["budget"] != "matched"
+        reference = not row["budget"].startswith(MATCHED)  # "matched ×4" at a budget scale
         axes.scatter(*point, marker="s" if reference else "o", color="C0",
                      facecolors="none" if reference else None)
     points = list(labels)
@@ -252,11 +258,73 @@ def plot_tradeoff(group: Group, methods: Table | None) -> Drawing | None:
     return Drawing(figure, f"{names} per method, with the Pareto front")
 
 
+#: the metric the budget-scale plot puts against training FLOPs
+SCALED_METRIC = "gen_ppl"
+
+
+def scale_points(group: Group) -> pd.DataFrame:
+    """One point per (row, scale) that the compute plot can place: each trained row of a group with
+    budget scales (`scaled_rows` says whether it has them), with positive training FLOPs and Gen.PPL
+    on some seed, in the methods table's row order then by scale. Columns: row, scale, method, train
+    PFLOP and Gen.PPL (mean, min and max over seeds), and whether any seed flags the label degenerate."""
+    if SCALED_METRIC not in group.metrics or scaled_rows(group).empty:
+        return pd.DataFrame()
+    frame = pd.DataFrame(group.rows["methods"])
+    frame = frame[(frame["train_pflop"] > 0) & (frame[SCALED_METRIC] > 0)]  # NaN compares False: left out
+    points = (by_row_then_scale(frame).groupby("method", sort=False)
+              .agg(row=("row", "first"), scale=("scale", "first"), train_pflop=("train_pflop", "mean"),
+                   mean=(SCALED_METRIC, "mean"), low=(SCALED_METRIC, "min"), high=(SCALED_METRIC, "max"))
+              .reset_index())
+    points["degenerate"] = [bool(degenerate_seeds(group.entries, label)) for label in points["method"]]
+    return points
+
+
+def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
+    """Gen.PPL against training FLOPs (both log), one line per row through its budget scales with the
+    seeds' min–max shaded, and the Pareto front over every row and scale (the lowest Gen.PPL at no more
+    training FLOPs) as a dashed step; a degenerate label hollow. Only for a group with budget scales:
+    at one scale per row, compute is the methods table's column, not an axis."""
+    points = scale_points(group)
+    if points.empty:
+        return None
+    from matplotlib.ticker import LogFormatter
+
+    points["flops"] = points["train_pflop"] * 1e15
+    figure, axes = _figure()
+    ends = []  # each row's largest scale, where its one label goes
+    for colour, (row, line) in enumerate(points.groupby("row", sort=False)):
+        colour = f"C{colour % 10}"
+        axes.plot(line["flops"], line["mean"], color=colour, linewidth=1.2)
+        axes.fill_between(line["flops"], line["low"], line["high"], color=colour, alpha=0.15, linewidth=0)
+        for degenerate, kind in line.groupby("degenerate", sort=True):
+            axes.scatter(kind["flops"], kind["mean"], color=colour, zorder=3, facecolors="none" if degenerate else None)
+        ends.append((line["flops"].iat[-1], line["mean"].iat[-1], row))
+    front = sorted((points.loc[i, "flops"], points.loc[i, "mean"])
+                   for i in pareto_front(list(zip(-points["flops"], points["mean"]))))
+    if len(front) > 1:
+        axes.step([x for x, _ in front], [y for _, y in front], where="post", color="grey", linestyle="--",
+                  label="Pareto front")
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the lines, never over a label
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    # perplexities as plain numbers (60, not 6×10¹); FLOPs keep powers of ten
+    axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    axes.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    name = group.metrics[SCALED_METRIC]["display_name"]
+    axes.set(xlabel="training FLOPs (log scale)",
+             ylabel=plot_text(f"{name}{arrow(group.metrics[SCALED_METRIC]['higher_is_better'])} (log scale)"))
+    _title(axes, f"{name} against training compute per budget scale (○ = degenerate)", group)
+    place_labels(axes, [x for x, _, _ in ends], [y for _, y, _ in ends], [row for _, _, row in ends])
+    return Drawing(figure, f"{name} against training FLOPs, each row through its budget scales (band: "
+                           "min–max over seeds), with the Pareto front")
+
+
 #: File stem -> plot. Stems are fixed, not built from metric names, so links to them hold.
 PLOTS: dict[str, Callable[[Group, Table | None], Drawing | None]] = {
     "proxies_vs_layer": plot_proxies,
     "score_vs_bridge_mse": plot_score_vs_bridge,
     "methods_tradeoff": plot_tradeoff,
+    "gen_ppl_vs_train_flops": plot_budget_scales,
 }
 
 

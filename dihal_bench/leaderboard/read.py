@@ -22,6 +22,7 @@ from pathlib import Path
 from dihal_bench.errors import DihalError
 from dihal_bench.locate.series import located_series
 from dihal_bench.study.compute import row_compute
+from dihal_bench.study.plan import split_scale
 from dihal_bench.study.records import (
     DAMAGED,
     RECORD_FORMAT,
@@ -43,8 +44,9 @@ METHOD_CORE_VALUES = {
     "steps": ("train", "steps"),
     "tokens_seen": ("train", "tokens_seen"),
 }
-#: Keys of a method row that are not values to average.
-METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer")
+#: Keys of a method row that are not values to average: ``row`` and ``scale`` are the method's label
+#: split into the row it is and its budget scale (docs/method.md#budget-scales).
+METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer", "row", "scale")
 #: Per-layer values of the sweep (core: the runner writes them for every swept layer).
 SWEEP_KEYS = ("bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl")
 #: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.numerics.stats' output).
@@ -354,8 +356,8 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
         seed = _integer(entry["seed"], "seed")
         seeds.append(seed)
         tag = {"record": source, "seed": seed}
-        rows["methods"] += [{**tag, "method": name, **method_values(method, metrics),
-                             **compute_values(record, entry, name)}
+        rows["methods"] += [{**tag, "method": name, **scale_values(name, method),
+                             **method_values(method, metrics), **compute_values(record, entry, name)}
                             for name, method in entry["methods"].items()]
         rows["steps"] += [{**tag, **steps_values(point, suite_steps)} for point in entry.get("steps_axis") or []]
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
@@ -412,11 +414,23 @@ def compute_values(record: dict, entry: dict, name: str) -> dict:
     counted from the record's shapes (docs/method.md#counting-compute); NaN where not known."""
     row = entry["methods"][name]
     config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    if not isinstance(row.get("compute"), dict) and not (entry.get("budget") or config.get("budget")):
+    budget = row.get("budget") or entry.get("budget") or config.get("budget")  # a scaled row has its own
+    if not isinstance(row.get("compute"), dict) and not budget:
         return {"train_pflop": float("nan"), "gflop_per_token": float("nan")}  # a record too old to count from
     counted = row_compute(record, entry, name)
     return {"train_pflop": _number(counted.get("train_flops")) / 1e15,
             "gflop_per_token": _number(counted.get("inference_flops_per_token")) / 1e9}
+
+
+def scale_values(name: str, method: dict) -> dict:
+    """The row a method label is and its budget scale (docs/method.md#budget-scales): the scale from the
+    record's ``scale`` where it has one (records before scales have none: scale 1), checked against the
+    label's ``@<s>x``, since a table keyed by the one and a plot by the other must not disagree."""
+    row, named = split_scale(name)
+    scale = _integer(method["scale"], "method scale") if "scale" in method else named
+    if scale != named:
+        raise ValueError(f"method {name!r} says scale {scale}, its label scale {named}")
+    return {"row": row, "scale": scale}
 
 
 def method_values(method: dict, metrics: list[str]) -> dict:

@@ -15,6 +15,7 @@ from dihal_bench.api.flops import TRAINED, BackboneFlops, FlopAccount, MethodWor
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.registry.resolve import backbone_parameters_declared, describe_backbone
+from dihal_bench.study.plan import split_scale
 
 UNKNOWN = "unknown"
 #: the bridges whose shape this module knows (dihal_builtin.bridge): in and out projections, a
@@ -144,8 +145,8 @@ def row_compute(record: dict, seed_entry: dict, method_name: str) -> dict:
     if isinstance(row.get("compute"), dict):
         return row["compute"]
     config = record["config"]
-    budget = seed_entry.get("budget") or config["budget"]
-    return method_compute(backbone_flops(record["backbone"]), config, budget, method_name, row)
+    budget = row.get("budget") or seed_entry.get("budget") or config["budget"]  # a scaled row has its own
+    return method_compute(backbone_flops(record["backbone"]), config, budget, split_scale(method_name)[0], row)
 
 
 # -- the stages --------------------------------------------------------------------------------------

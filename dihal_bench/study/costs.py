@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dihal_bench.config.settings import SuiteConfig, SweepSettings
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.plan import Unit, method_names, target_budgets
+from dihal_bench.study.plan import Unit, method_names, scaled_budget, split_scale, target_budgets
 from dihal_bench.training.budget import Budget
 
 #: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
@@ -76,9 +76,10 @@ def unit_cost(unit: Unit, config: SuiteConfig) -> tuple[str, int, int]:
 def unit_work(unit: Unit, config: SuiteConfig) -> Work:
     """A unit's :class:`Work` (what :func:`unit_cost` sums)."""
     locate, sweep, sampling = config.locate, config.sweep, config.sampling
-    budget = Budget.from_dict(config.budget)
+    budget = scaled_budget(Budget.from_dict(config.budget), unit.scale)
     sweep_budget = Budget.from_dict(sweep.budget)
     samples = sampling.samples * sampling.seq_len
+    label = split_scale(unit.label)[0]
     if unit.stage == "locate":
         return Work(f"N={locate.tokens} tokens x all layers, {len(locate.proxies)} proxies", forward=locate.tokens * 2,
                     proxies=True)
@@ -91,12 +92,12 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
                     evaluated=eval_windows(sweep) * sweep_budget.seq_len,
                     forward=streamed_tokens(config, sweep_budget),
                     trained=sweep_budget.steps * sweep_budget.tokens_per_step)
-    if unit.stage == "dihal" or unit.label == "control-regressor":
+    if unit.stage == "dihal" or label == "control-regressor":
         # the trained bridge is evaluated as a sweep's is (bridgeability, perplexities, KL)
         return Work(f"{budget.steps} steps{streamed(config)} + {sampling.samples} samples",
                     forward=streamed_tokens(config, budget), decode=samples,
                     evaluated=eval_windows(sweep) * budget.seq_len, trained=budget.steps * budget.tokens_per_step)
-    if unit.label == "control-skip":
+    if label == "control-skip":
         return Work(f"{sampling.samples} samples, nothing trained", decode=samples)
     if unit.stage == "references":
         return Work(f"{sampling.samples} texts drawn, no model")
@@ -105,19 +106,19 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
         return Work(f"bridgeability + {sampling.samples} samples + Gen.PPL",
                     evaluated=eval_windows(sweep) * budget.seq_len, decode=samples, evaluator=samples)
     if unit.stage == "baselines":
-        registration = get_registry().items["baseline"].get(unit.label)
+        registration = get_registry().items["baseline"].get(label)
         method = None if registration is None else registration.obj
-        decodes = (BaselineDecodes(unit.label, math.ceil(sampling.samples / sampling.batch_size), 0, samples),)
+        decodes = (BaselineDecodes(label, math.ceil(sampling.samples / sampling.batch_size), 0, samples),)
         if method is not None and not method.in_budget:
             return Work(f"{sampling.samples} samples, nothing trained", baseline_decodes=decodes)
         trained = budget.steps * budget.tokens_per_step
         if method is not None and method.trains_through_backbone:
             # a forward and a backward pass of the whole backbone per step: about three forward passes
             return Work(f"{budget.steps} steps through the backbone + {sampling.samples} samples",
-                        forward=3 * trained, baseline_decodes=decodes, baseline=unit.label, steps=budget.steps,
+                        forward=3 * trained, baseline_decodes=decodes, baseline=label, steps=budget.steps,
                         windows=budget.distinct_sequences)
         return Work(f"up to {budget.steps} steps + {sampling.samples} samples", trained=trained,
-                    baseline_decodes=decodes, baseline=unit.label, steps=budget.steps,
+                    baseline_decodes=decodes, baseline=label, steps=budget.steps,
                     windows=budget.distinct_sequences)
     if unit.stage == "metrics":
         # the reference texts' pass is done once per seed (a worker keeps it), not once per job
@@ -135,8 +136,9 @@ def latency_work(config: SuiteConfig) -> Work:
     sampling, repeats = config.sampling, config.metrics.latency_repeats
     registry = get_registry().items["baseline"]
     baselines = [name for name in config.methods.baselines if name in registry]
+    # a row at another budget scale is the same network: latency times the scale-1 rows alone
     hybrids = [name for name in method_names(config)
-               if not name.startswith("reference-") and name not in baselines]
+               if not name.startswith("reference-") and name not in baselines and split_scale(name)[1] == 1]
     intact = any(getattr(registry[name].obj, "intact_backbone", False) for name in baselines)
     batch = repeats * sampling.seq_len * sampling.batch_size  # one round's batch decode, over the rounds
     singles = (len(hybrids) + (0 if intact else 1)) * repeats

@@ -170,11 +170,13 @@ def format_plan(name: str, config: SuiteConfig, throughput: Throughput | None = 
     if throughput is None and params:
         throughput = assumed_throughput(config, params)
     bytes_per = BYTES.get(config.dtype, 4)
-    rows, total = [], 0.0
+    rows, total, by_scale = [], 0.0, {}
     for unit in seed_units(config):
         detail, backbone_tokens, trained_tokens = unit_cost(unit, config)
         seconds = unit_seconds(unit, config, params, throughput)
         total += seconds or 0.0
+        if unit.stage in ("dihal", "controls", "baselines"):
+            by_scale[unit.scale] = by_scale.get(unit.scale, 0.0) + (seconds or 0.0)
         row = [unit.label, detail, f"{backbone_tokens:,}", f"{trained_tokens:,}", _duration(seconds)]
         if done is not None:
             row.append(done.get(unit.label, "?"))
@@ -188,6 +190,9 @@ def format_plan(name: str, config: SuiteConfig, throughput: Throughput | None = 
              tabulate(rows, headers=headers)]
     if throughput is not None:
         lines.append(f"total: {_duration(total)} per seed, {_duration(total * seeds)} for {seeds} seed(s)")
+        if len(by_scale) > 1:  # what each budget scale's rows cost to train and sample (docs/method.md#budget-scales)
+            lines.append("rows by budget scale, per seed: " + ", ".join(
+                f"{scale}x {_duration(seconds)}" for scale, seconds in sorted(by_scale.items())))
     if done is not None:
         lines.append("done: whether --out holds the unit's finished job for every seed; ?: its job key depends "
                      "on earlier stages' results, so the dry run cannot tell")

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dihal_bench.config.settings import SuiteConfig
+from dihal_bench.registry.plugins import get_registry
 from dihal_bench.training.budget import Budget
+
+#: what joins a row's label and its budget scale (``diffusion-lm@4x``)
+SCALE_MARK = "@"
 
 
 @dataclass(frozen=True)
@@ -19,6 +23,7 @@ class Unit:
     stage: str  # locate, targets, sweep, dihal, controls, references, baselines, steps, metrics, latency
     label: str
     seq_len: int | None = None  # a targets unit's training sequence length (its cost depends on it)
+    scale: int = 1  # a method unit's budget scale (docs/method.md#budget-scales)
 
 
 def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[int]:
@@ -85,14 +90,65 @@ def target_lengths(config: SuiteConfig) -> list[int]:
     return sorted({budget.seq_len for budget in target_budgets(config)})
 
 
+def method_labels(config: SuiteConfig) -> list[tuple[str, str, str, int]]:
+    """(row label, kind, name, budget scale) of every method row, in the order the runner makes them:
+    each row at each of its scales (docs/method.md#budget-scales), a scale other than 1 in its label."""
+    return [(scaled_label(label, scale), kind, name, scale)
+            for label, kind, name in method_rows(config) for scale in row_scales(config, label, kind, name)]
+
+
+def method_rows(config: SuiteConfig) -> list[tuple[str, str, str]]:
+    """(row label, kind, name) of every row of the suite, before budget scales."""
+    methods = config.methods
+    return ([(f"dihal-{role}", "dihal", role) for role in methods.dihal]
+            + [(f"control-{name}", "control", name) for name in methods.controls]
+            + [(f"reference-{name}", "reference", name) for name in methods.references]
+            + [(name, "baseline", name) for name in methods.baselines])
+
+
 def method_names(config: SuiteConfig) -> list[str]:
     """Every row of the methods table, in the order the runner makes them."""
-    methods = config.methods
-    return ([f"dihal-{role}" for role in methods.dihal] + [f"control-{name}" for name in methods.controls]
-            + [f"reference-{name}" for name in methods.references] + list(methods.baselines))
+    return [label for label, *_ in method_labels(config)]
+
+
+def trains(kind: str, name: str) -> bool:
+    """Whether a row trains anything under the budget: the references, the skip control and an
+    out-of-budget baseline (the intact backbone) do not."""
+    if kind == "dihal":
+        return True
+    if kind == "control":
+        return name == "regressor"
+    if kind == "baseline":
+        return get_registry().get("baseline", name).obj.in_budget
+    return False
+
+
+def row_scales(config: SuiteConfig, label: str, kind: str, name: str) -> tuple[int, ...]:
+    """The budget scales a row is trained at: the suite's, or the row's own list; 1 for a row that trains nothing."""
+    return config.scales.of(label) if trains(kind, name) else (1,)
+
+
+def scaled_label(label: str, scale: int) -> str:
+    """A row's label at a budget scale: unchanged at 1 (so a scale-1 row keeps its name and jobs), else ``<label>@<s>x``."""
+    return label if scale == 1 else f"{label}{SCALE_MARK}{scale}x"
+
+
+def split_scale(label: str) -> tuple[str, int]:
+    """(row label, budget scale) of a methods-table label, the inverse of :func:`scaled_label`."""
+    base, mark, scale = label.rpartition(SCALE_MARK)
+    if mark and scale.endswith("x") and scale[:-1].isdigit() and int(scale[:-1]) >= 1:
+        return base, int(scale[:-1])
+    return label, 1
+
+
+def scaled_budget(budget: Budget, scale: int) -> Budget:
+    """The matched budget at ``scale`` (docs/method.md#budget-scales): S·s steps over epochs·s passes of
+    the same windows, every other field the same, so warm-up and cosine are set for the longer run."""
+    return budget if scale == 1 else budget.replace(steps=budget.steps * scale, epochs=budget.epochs * scale)
 
 
 def method_stage(name: str) -> str:
+    name = split_scale(name)[0]
     for prefix, stage in (("dihal-", "dihal"), ("control-", "controls"), ("reference-", "references")):
         if name.startswith(prefix):
             return stage
@@ -123,7 +179,7 @@ def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]
         Unit("locate", "locate"),
         *(Unit("targets", f"bridge targets T={length}", seq_len=length) for length in target_lengths(config)),
         *(Unit("sweep", f"sweep layer {i + 1}/{n_sweep}") for i in range(n_sweep)),
-        *(Unit(method_stage(name), name) for name in method_names(config)),
+        *(Unit(method_stage(name), name, scale=split_scale(name)[1]) for name in method_names(config)),
         *(Unit("steps", steps_label(k, sampler)) for sampler, k in steps_axis_points(config)),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
         *([Unit("latency", "latency")] if method_names(config) else []),  # a geometry-only suite has no methods

@@ -17,6 +17,7 @@ from pathlib import Path
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.options import check_options, check_registered
+from dihal_bench.study.plan import method_rows, trains
 
 
 def check_device(device: str, key: str = "device", *, here: bool = True) -> None:
@@ -111,10 +112,20 @@ def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, 
     check_options("bridge", config.bridge.name, dict(config.bridge.options), "bridge.options", harness_arguments=1)
     check_registered("baseline", config.methods.baselines, "methods.baselines")
     check_registered("metric", config.metrics.names, "metrics.names")
+    check_scaled_rows(config)
     for what, folder in (folders or {}).items():
         check_writable(folder, what)
     if here:
         check_suite_data(config)
+
+
+def check_scaled_rows(config: SuiteConfig) -> None:
+    """Every row ``scales.rows`` names is a row of the suite that trains (docs/method.md#budget-scales)."""
+    trained = [label for label, kind, name in method_rows(config) if trains(kind, name)]
+    for label in config.scales.rows:
+        if label not in trained:
+            raise DihalError(f"scales.rows names {label!r}, which is not a trained row of this suite; "
+                             f"trained rows: {', '.join(trained) or 'none'}")
 
 
 # -- what the model and its data can take, known without loading weights -----------------------

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import string
+from datetime import datetime, timezone
 from pathlib import Path
 
 from dihal_bench.base.files import file_sha256, json_sha256, jsonable, write_json_atomic
@@ -237,3 +239,18 @@ def slug(name: str) -> str:
     if kept[:1] in (".", "-"):
         kept = "_" + kept[1:]
     return kept or "_"
+
+
+def new_record_path(folder: Path, stem: str) -> Path:
+    """A record name no other run has taken: the time to the second, then -2, -3, ... if two runs
+    finish within one second (claimed with O_EXCL, so two processes never pick the same name)."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    folder.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = folder / f"{stem}-{stamp}{'' if attempt == 1 else f'-{attempt}'}.json"
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return path
+        except FileExistsError:
+            continue
+    raise DihalError(f"cannot find a free record name for {stem} in {folder}")

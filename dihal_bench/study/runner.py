@@ -13,6 +13,7 @@ same numbers. The run ends with one sealed record in the results folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -37,6 +38,8 @@ from dihal_bench.study.metering import MeteredExecutor
 from dihal_bench.study.plan import (
     auto_sweep_layers,
     budget_sections,
+    method_labels,
+    scaled_budget,
     seed_units,
     steps_axis_points,
     steps_label,
@@ -47,6 +50,7 @@ from dihal_bench.study.protocol import bridge_spec, matched_budget
 from dihal_bench.study.records import (
     RECORD_FORMAT,
     metric_description,
+    new_record_path,
     record_problem,
     slug,
     write_record,
@@ -84,6 +88,10 @@ class SeedStudy:
         """The budgets whose training data the bridge targets must hold."""
         by_section = {"sweep.budget": self.sweep_spec.budget, "budget": self.spec.budget}
         return [by_section[section] for section in budget_sections(config, num_layers, bridge_targets=True)]
+
+    def scaled_spec(self, scale: int) -> BridgeSpec:
+        """The matched budget's bridge at a budget scale (docs/method.md#budget-scales)."""
+        return dataclasses.replace(self.spec, budget=scaled_budget(self.spec.budget, scale))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -166,7 +174,7 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
         problem = record_problem(json.loads(json.dumps(record, default=str)))
         if problem:  # a bug, not bad input: the record this code writes must follow its schema
             raise AssertionError(f"the run record does not follow its schema: {problem}")
-        path = _new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
+        path = new_record_path(Path(results_dir), f"{slug(suite)}-{slug(config.backbone)}")
         try:
             write_record(path, record, run.store.root)
         except BaseException:
@@ -205,10 +213,14 @@ def study_seeds(run: Run, executor: Executor, seeds: list[int]) -> list[dict]:
 
     labels = method_labels(config)
     made = each_seed(executor, "methods", method_row, studies, lambda s: [
-        Item(label, (kind, name, s.roles, s.spec, s.budget, s.seed, s.data_layers, s.targets), s.seed)
-        for label, kind, name in labels])
+        Item(label, (kind, name, s.roles, s.scaled_spec(scale), scaled_budget(s.budget, scale), s.seed, s.data_layers,
+                     s.targets), s.seed)
+        for label, kind, name, scale in labels])
     for study, methods in zip(studies, made, strict=True):
-        study.methods = {label: method for (label, _, _), method in zip(labels, methods, strict=True)}
+        # a scaled row keeps its own budget: the seed's `budget` is the scale-1 one
+        study.methods = {label: {**method, "scale": scale,
+                                 **({"budget": scaled_budget(study.budget, scale).to_dict()} if scale != 1 else {})}
+                         for (label, _, _, scale), method in zip(labels, methods, strict=True)}
 
     points = each_seed(executor, "steps", steps_point, studies, lambda s: [
         Item(steps_label(k, sampler), (s.methods["dihal-chosen"], s.spec, k, s.seed, s.data_layers, sampler), s.seed)
@@ -224,9 +236,11 @@ def study_seeds(run: Run, executor: Executor, seeds: list[int]) -> list[dict]:
         for method, values in zip(study.methods.values(), metrics, strict=True):
             method["metrics"] = values
 
-    # one seed at a time: a latency job times decodes, so it must not share the machine with another
+    # one seed at a time: a latency job times decodes, so it must not share the machine with another;
+    # of the scale-1 rows alone (a row at another scale is the same network)
     latency_of = {s.seed: executor.map("latency", latency_unit, [
-        Item("latency", (s.methods, s.roles, s.spec, s.budget, s.seed), s.seed)])[0] for s in studies if s.methods}
+        Item("latency", ({name: m for name, m in s.methods.items() if m["scale"] == 1}, s.roles, s.spec, s.budget,
+                         s.seed), s.seed)])[0] for s in studies if s.methods}
     return [seed_entry(run, study, latency_of.get(study.seed, {})) for study in studies]
 
 
@@ -258,14 +272,6 @@ def each_seed(executor: Executor, stage: str, fn, studies: list[SeedStudy], item
     return split
 
 
-def method_labels(config: SuiteConfig) -> list[tuple[str, str, str]]:
-    """(row label, kind, name) of every method row, in the plan's order."""
-    return ([(f"dihal-{role}", "dihal", role) for role in config.methods.dihal]
-            + [(f"control-{name}", "control", name) for name in config.methods.controls]
-            + [(f"reference-{name}", "reference", name) for name in config.methods.references]
-            + [(name, "baseline", name) for name in config.methods.baselines])
-
-
 def seed_entry(run: Run, study: SeedStudy, latency: dict) -> dict:
     """The record's ``per_seed`` entry of one finished seed."""
     correlations = {target: layer_correlations(study.located, study.sweep_rows, study.seed, target)
@@ -283,18 +289,3 @@ def seed_entry(run: Run, study: SeedStudy, latency: dict) -> dict:
         "methods": study.methods,
         **({"steps_axis": study.steps_axis} if study.steps_axis else {}),
     }
-
-
-def _new_record_path(folder: Path, stem: str) -> Path:
-    """A record name no other run has taken: the time to the second, then -2, -3, ... if two runs
-    finish within one second (claimed with O_EXCL, so two processes never pick the same name)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    folder.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, 1000):
-        path = folder / f"{stem}-{stamp}{'' if attempt == 1 else f'-{attempt}'}.json"
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-            return path
-        except FileExistsError:
-            continue
-    raise DihalError(f"cannot find a free record name for {stem} in {folder}")

@@ -1,5 +1,5 @@
 """Built-in metrics: Gen.PPL (two conventions), unigram entropy, n-gram diversity (per text and
-pooled), MAUVE with a half-sample interval.
+pooled), MAUVE with a half-sample interval, and the share of 8-grams copied from the training split.
 
 The plain functions compute each metric from numbers or texts and say which paper's
 convention they follow; `register_metrics` wraps them as `fn(samples, ctx) -> dict`
@@ -9,7 +9,8 @@ it was computed on; when the samples leave nothing to measure it returns None an
 
 Gen.PPL and MAUVE read the same samples, the valid ones (`dihal_bench.api.metrics.invalid_reason`
 with the evaluator's token count), and one evaluator pass (`evaluate_texts`) serves both.
-Entropy and diversity read every sample. See docs/method.md#metrics.
+Entropy and diversity read every sample; `copied_8grams` reads the valid ones by the same rule,
+without an evaluator count (it has no evaluator pass). See docs/method.md#metrics.
 
 Rank correlations across layers are not per-sample metrics: they live in the core,
 `dihal_bench.numerics.stats`.
@@ -17,7 +18,8 @@ Rank correlations across layers are not per-sample metrics: they live in the cor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 from scipy.special import expit, logit
@@ -49,6 +51,9 @@ MAUVE_CI_LEVEL = 0.95
 MAUVE_INTERVAL = "half-sample"
 #: how far inside (0, 1) a MAUVE of exactly 0 or 1 is held on the logit scale
 LOGIT_EPSILON = 1e-6
+#: the word n-gram order of `copied_8grams`: a run of 8 words rarely recurs by chance, so a
+#: sample's 8-gram found in the training split was most likely copied from it
+COPY_N = 8
 
 MetricResult = dict[str, float | int | str | list | None]
 
@@ -172,6 +177,29 @@ def diversity_pooled(texts: Sequence[str], ns: Sequence[int] = DIVERSITY_NS) -> 
     return float(np.prod([diversity_pooled_ngrams(texts, n) for n in ns]))
 
 
+def training_ngrams(texts: Iterable[str], n: int = COPY_N) -> frozenset[int]:
+    """The hashes of every word n-gram (`_ngrams`, whitespace tokens) of each text.
+
+    Each text's n-grams are its own: none runs from the end of one text into the next, as no
+    such run is anywhere in the texts. An n-gram is kept as Python's hash of its tuple, which is
+    stable within a process (string hashing is salted per process), so the set is a fraction of
+    the n-grams' size; with 64-bit hashes, an n-gram that is not in 10⁵ training n-grams matches
+    one of their hashes with odds of about 10⁻¹⁴.
+    """
+    return frozenset(hash(ngram) for text in texts for ngram in _ngrams(text, n))
+
+
+def copied_ngrams(texts: Sequence[str], training: AbstractSet[int], n: int = COPY_N) -> tuple[int, int]:
+    """(copied, total): of all word n-grams of the texts, counted with repeats, how many are in
+    ``training`` (hashes from `training_ngrams` of the training text) and how many there are."""
+    copied = total = 0
+    for text in texts:
+        hashes = [hash(ngram) for ngram in _ngrams(text, n)]
+        copied += sum(value in training for value in hashes)
+        total += len(hashes)
+    return copied, total
+
+
 def mauve_score(
     p_features: np.ndarray,
     q_features: np.ndarray,
@@ -287,6 +315,11 @@ def _too_few_for_mauve(n_references: int, n_generations: int) -> str:
 
 # --- the registered metric plugins --------------------------------------------------------
 
+# The hashed word 8-grams of the last corpus's training split, so that `copied_8grams` reads the
+# training text once per corpus and process, not once per method; the corpus is held by a weak
+# reference and compared by identity (a corpus object splits its documents once, for good).
+_training_ngrams = LastResult()
+
 
 def _require_evaluator(ctx: MetricContext, metric: str) -> Evaluator:
     if ctx.evaluator is None:
@@ -390,6 +423,25 @@ def _diversity_metric(name: str, per_n: Callable[[Sequence[str], int], float]) -
     return metric
 
 
+def _copied_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
+    """The share of the valid samples' word 8-grams that occur in the run corpus's training split:
+    how much of the samples is memorised training text. None, with a warning, when no valid
+    sample has 8 words."""
+    name = "copied_8grams"
+    corpus = ctx.corpus
+    if corpus is None:
+        raise DihalError(f"metric {name!r} compares samples with the corpus's training split, "
+                         f"and this metric context has no corpus (it has one inside a run)")
+    rows = samples.valid_indices()
+    counts = {"n_valid": len(rows), "n_invalid": len(samples.texts) - len(rows)}
+    training = _training_ngrams.get(corpus, ("train", COPY_N), lambda: training_ngrams(
+        document.text for document in corpus.split("train")))
+    copied, total = copied_ngrams([samples.texts[i] for i in rows], training)
+    if total == 0:
+        return {name: None, f"{name}_n": 0, **counts, "warning": f"no valid sample has {COPY_N} or more words"}
+    return {name: copied / total, f"{name}_n": total, **counts}
+
+
 def _mauve_metric(samples: SampleSet, ctx: MetricContext) -> MetricResult:
     """MAUVE of the valid generations (Q) against as many valid held-out references (P), length-matched.
 
@@ -472,4 +524,13 @@ def register_metrics(register):
         higher_is_better=True,
         display_name="MAUVE",
         default=True,
+    )
+    register(
+        "copied_8grams",
+        _copied_metric,
+        description="share of the valid samples' whitespace-word 8-grams found in the corpus's training split: "
+        "memorisation of the training split (no better direction)",
+        higher_is_better=None,
+        display_name="copied 8-grams",
+        default=False,
     )
