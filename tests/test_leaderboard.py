@@ -370,13 +370,15 @@ def test_lm_eval_results_become_method_columns(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
     entry = seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
-    entry["methods"]["dihal-chosen"]["lm_eval"] = {"wikitext": {"bits_per_byte": 1.25, "alias": "wikitext"}}
+    entry["methods"]["dihal-chosen"]["lm_eval"] = {"wikitext": {"bits_per_byte": 1.25, "bits_per_byte_stderr": 0.01,
+                                                               "alias": "wikitext"}}
     write_record(results, "one.json", [entry])
     out = tmp_path / "out"
     build(results, out, formats=("csv", "md"))
     methods = pd.read_csv(out / GROUP / "methods.csv").set_index("method")
     assert methods.loc["dihal-chosen", "lm_eval/wikitext/bits_per_byte_mean"] == 1.25
     assert methods.loc["ar-backbone", "lm_eval/wikitext/bits_per_byte_n"] == 0
+    assert not any("stderr" in column for column in methods.columns)  # a seed's stderr is not averaged over seeds
     assert "wikitext bits_per_byte" in (out / GROUP / "methods.md").read_text()
 
 

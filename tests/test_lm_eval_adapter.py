@@ -1,7 +1,8 @@
 """The lm-eval adapter on a tiny random-weight Llama: every score equals a log-softmax sum
 computed here directly from the transformers model, rolling windows included; generation
 stops at stop strings; the oracle hybrid reproduces the backbone; the local task runs
-offline through lm-eval and its perplexities match a direct computation."""
+offline through lm-eval and its perplexities match a direct computation; standard errors and
+the per-document sample logs that `run_lm_eval` and ``dihal-bench lm-eval`` write."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import importlib
 import json
 import math
 import re
+import statistics
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +32,7 @@ import dihal_bench  # noqa: E402
 from dihal_bench.errors import DihalError  # noqa: E402
 from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint  # noqa: E402
 from dihal_bench.lm_eval import (  # noqa: E402
+    BOOTSTRAP_ITERS,
     INSTALL_HINT,
     DihalLM,
     load_scorer,
@@ -36,6 +40,7 @@ from dihal_bench.lm_eval import (  # noqa: E402
     model_args_from_record,
     run_lm_eval,
 )
+from dihal_bench.lm_eval.samples import json_safe, sample_line, sample_log_name, write_sample_logs  # noqa: E402
 from dihal_bench.registry.resolve import load_corpus  # noqa: E402
 
 CONTEXT = 64  # the tiny model's positions: texts below are longer, so rolling needs several windows
@@ -391,16 +396,58 @@ def test_simple_evaluate_on_the_local_task_by_registered_name(model, backbone, c
         assert results[f"{metric},none"] == pytest.approx(value, rel=1e-5)
 
 
+def read_jsonl(path) -> list[dict]:
+    """A JSON-lines file as strict JSON (NaN and Infinity refused), every line ended by a newline."""
+    text = path.read_text(encoding="utf-8")
+    assert text.endswith("\n")
+
+    def refuse(constant):
+        raise AssertionError(f"{path} holds {constant}: not strict JSON")
+
+    return [json.loads(line, parse_constant=refuse) for line in text.splitlines()]
+
+
+SAMPLE_FIELDS = ["doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics"]
+
+
 def test_run_lm_eval_summarises_and_writes_the_local_task(model, backbone, char_tokenizer, text_corpus, cache, tmp_path):
     summary = run_lm_eval({"backbone": backbone}, ["dihal-local"], corpus=text_corpus, batch_size=2,
                           out_dir=tmp_path / "out")
     expected = expected_perplexities(model, char_tokenizer, text_corpus, CONTEXT)
+    # lm-eval has no standard error for weighted perplexities and bits per byte: no *_stderr key
     assert summary["results"]["dihal-local"] == pytest.approx(expected, rel=1e-5)
     assert summary["config"]["model_args"] == {"backbone": "tiny"}
     assert summary["config"]["model"] == {"dihal_model": "tiny", "max_length": CONTEXT}
-    documents = len(load_corpus(text_corpus).split("test"))
-    assert summary["config"]["samples"]["dihal-local"] == {"original": documents, "effective": documents}
+    documents = load_corpus(text_corpus).split("test")
+    assert summary["config"]["samples"]["dihal-local"] == {"original": len(documents), "effective": len(documents)}
+    assert summary["config"]["bootstrap_iters"] == BOOTSTRAP_ITERS
+    assert summary["config"]["sample_logs"] == {"dihal-local": "samples_dihal-local.jsonl"}
     assert json.loads((tmp_path / "out" / "lm_eval.json").read_text()) == summary
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["lm_eval.json", "samples_dihal-local.jsonl"]
+
+    # one line per test document, in order, with what lm-eval scored and each metric's value for it
+    lines = read_jsonl(tmp_path / "out" / "samples_dihal-local.jsonl")
+    assert [line["doc_id"] for line in lines] == list(range(len(documents)))
+    for line, document in zip(lines, documents):
+        assert list(line)[: len(SAMPLE_FIELDS)] == SAMPLE_FIELDS
+        assert line["doc"] == {"id": document.id, "text": document.text}
+        assert line["arguments"] == [[document.text]]  # tuples became lists
+        logprob = reference_rolling(model, ids(char_tokenizer, document.text), CONTEXT)
+        assert line["resps"] == [[pytest.approx(logprob, abs=TOL)]]
+        assert line["filtered_resps"] == [pytest.approx(logprob, abs=TOL)]
+        assert (line["filter"], line["metrics"]) == ("none", ["word_perplexity", "byte_perplexity", "bits_per_byte"])
+        nbytes = len(document.text.encode("utf-8"))
+        assert line["word_perplexity"] == [pytest.approx(logprob, abs=TOL), len(re.split(r"\s+", document.text))]
+        assert line["byte_perplexity"] == line["bits_per_byte"] == [pytest.approx(logprob, abs=TOL), nbytes]
+
+
+def test_no_sample_logs_when_switched_off_or_without_an_output_folder(backbone, text_corpus, cache, tmp_path):
+    summary = run_lm_eval({"backbone": backbone}, ["dihal-local"], corpus=text_corpus, limit=2,
+                          out_dir=tmp_path / "off", log_samples=False)
+    assert sorted(path.name for path in (tmp_path / "off").iterdir()) == ["lm_eval.json"]
+    assert summary["config"]["sample_logs"] == {}
+    assert run_lm_eval({"backbone": backbone}, ["dihal-local"], corpus=text_corpus, limit=2,
+                       log_samples=True)["config"]["sample_logs"] == {}
 
 
 @pytest.fixture
@@ -423,21 +470,83 @@ def user_tasks(tmp_path, monkeypatch) -> list[dict]:
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
     }
     (data.parent / "tiny_choice.yaml").write_text(json.dumps(task))  # JSON is YAML
+    # a loglikelihood task: its perplexity is a metric lm-eval bootstraps, its acc one with a closed form
+    pairs = data.parent / "tiny_next.jsonl"
+    pairs.write_text("".join(json.dumps({"context": c, "continuation": t}) + "\n" for c, t in NEXT_PAIRS))
+    (data.parent / "tiny_next.yaml").write_text(json.dumps({
+        **task, "task": "tiny_next", "output_type": "loglikelihood", "dataset_kwargs": {
+            "data_files": {"test": str(pairs)}, "cache_dir": str(tmp_path / "datasets")},
+        "doc_to_text": "{{context}}", "doc_to_target": "{{continuation}}", "doc_to_choice": None,
+        "metric_list": [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
+                        {"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+    }))
     monkeypatch.setattr(lm_eval.tasks, "TaskManager",
                         lambda include_defaults: TaskManager(include_path=str(data.parent), include_defaults=False))
     return questions
 
 
-def test_run_lm_eval_runs_a_users_task_with_local_data(model, backbone, char_tokenizer, user_tasks, cache):
-    summary = run_lm_eval({"backbone": backbone}, ["tiny_choice"], batch_size=4)
-    correct = 0
-    for q in user_tasks:
+#: (context, continuation) documents of the tiny_next task, scored as they stand (no space added)
+NEXT_PAIRS = [("The cat", "sat"), ("1 + 1 =", "2"), ("Hello,", "world"), ("x =", "y"), ("def", "f():")]
+
+
+def choice_correct(model, tokenizer, questions) -> list[float]:
+    """Whether the tiny model puts the most likelihood on each question's answer, as lm-eval's acc."""
+    correct = []
+    for q in questions:
         # lm-eval joins question and choice with a space, which belongs to the continuation
-        scores = [direct_loglikelihood(model, ids(char_tokenizer, q["question"]), ids(char_tokenizer, " " + c))
+        scores = [direct_loglikelihood(model, ids(tokenizer, q["question"]), ids(tokenizer, " " + c))
                   for c in q["choices"]]
-        correct += scores.index(max(scores)) == q["answer"]
-    assert summary["results"] == {"tiny_choice": {"acc": correct / len(user_tasks)}}
+        correct.append(float(scores.index(max(scores)) == q["answer"]))
+    return correct
+
+
+def test_run_lm_eval_runs_a_users_task_with_local_data(model, backbone, char_tokenizer, user_tasks, cache):
+    summary = run_lm_eval({"backbone": backbone}, ["tiny_choice"], batch_size=4, bootstrap_iters=0)
+    correct = choice_correct(model, char_tokenizer, user_tasks)
+    assert summary["results"] == {"tiny_choice": {"acc": sum(correct) / len(user_tasks)}}  # no stderr with 0
     assert summary["config"]["corpus"] is None
+    assert summary["config"]["bootstrap_iters"] == 0
+
+
+def test_standard_errors_follow_their_metrics(model, backbone, char_tokenizer, user_tasks, cache, tmp_path,
+                                              monkeypatch, capsys):
+    """acc's standard error in closed form (the sample standard deviation over √n); perplexity's
+    from as many bootstrap resamples as asked, so two counts give two different numbers, each the
+    one lm-eval's own bootstrap gives from the per-document log-likelihoods computed here."""
+    from lm_eval.api.metrics import bootstrap_stderr, perplexity
+
+    monkeypatch.setenv("DISABLE_MULTIPROC", "1")  # lm-eval's bootstrap in this process, not a pool of cpu_count
+    correct = choice_correct(model, char_tokenizer, user_tasks)
+    assert 0 < sum(correct) < len(correct), "the test needs a standard error above zero"
+    logprobs = [direct_loglikelihood(model, ids(char_tokenizer, c), ids(char_tokenizer, t)) for c, t in NEXT_PAIRS]
+    bootstrapped = {iters: bootstrap_stderr(perplexity, logprobs, iters) for iters in (20, 40)}
+    capsys.readouterr()  # what lm-eval's bootstrap printed for those
+    stderrs = {}
+    for iters in (20, 40):
+        summary = run_lm_eval({"backbone": backbone}, ["tiny_choice", "tiny_next"], bootstrap_iters=iters,
+                              out_dir=tmp_path / str(iters))
+        choice, following = summary["results"]["tiny_choice"], summary["results"]["tiny_next"]
+        assert list(choice) == ["acc", "acc_stderr"]  # each standard error right after its metric
+        assert list(following) == ["perplexity", "perplexity_stderr", "acc", "acc_stderr"]
+        assert choice["acc_stderr"] == pytest.approx(statistics.stdev(correct) / math.sqrt(len(correct)), rel=1e-9)
+        assert following["perplexity"] == pytest.approx(math.exp(-statistics.fmean(logprobs)), rel=1e-5)
+        assert following["perplexity_stderr"] == pytest.approx(bootstrapped[iters], rel=1e-4)
+        assert math.isfinite(following["perplexity_stderr"]) and following["perplexity_stderr"] > 0
+        assert json.loads((tmp_path / str(iters) / "lm_eval.json").read_text())["results"] == summary["results"]
+        stderrs[iters] = following["perplexity_stderr"]
+        # the sample logs: one file per task, one line per document, each with its own metric values
+        assert summary["config"]["sample_logs"] == {"tiny_choice": "samples_tiny_choice.jsonl",
+                                                    "tiny_next": "samples_tiny_next.jsonl"}
+        lines = read_jsonl(tmp_path / str(iters) / "samples_tiny_next.jsonl")
+        assert [line["perplexity"] for line in lines] == pytest.approx(logprobs, abs=TOL)
+        assert [line["doc"] for line in lines] == [{"context": c, "continuation": t} for c, t in NEXT_PAIRS]
+        assert [line["arguments"] for line in lines] == [[[c, t]] for c, t in NEXT_PAIRS]
+        choices = read_jsonl(tmp_path / str(iters) / "samples_tiny_choice.jsonl")
+        assert [line["acc"] for line in choices] == correct
+        assert all(list(line)[: len(SAMPLE_FIELDS)] == SAMPLE_FIELDS and len(line["resps"]) == 3 for line in choices)
+    assert stderrs[20] != pytest.approx(stderrs[40], rel=1e-6)
+    printed = capsys.readouterr()
+    assert "bootstrapping for stddev" in printed.err and "bootstrapping" not in printed.out  # stdout stays clean
 
 
 def test_unknown_task_is_refused_before_the_model_loads(user_tasks):
@@ -460,3 +569,96 @@ def test_without_lm_eval_the_package_imports_and_explains(monkeypatch, backbone)
     with pytest.raises(DihalError, match=re.escape(INSTALL_HINT)):
         without.DihalLM(without.load_scorer(backbone))
     assert get_model("dihal") is DihalLM  # the registered class is untouched
+
+
+# -- sample logs and the command ---------------------------------------------------------------
+
+
+class Unprintable:
+    """A value whose conversion fails, standing for a run killed halfway through a log."""
+
+    def __str__(self):
+        raise RuntimeError("killed mid-write")
+
+
+def test_sample_lines_are_strict_json_converted_deterministically():
+    import numpy as np
+
+    sample = {"doc_id": np.int64(3), "doc": {1: "one", None: (1, 2), 2.5: {10, 2, 33}, False: frozenset({"b", "a"})},
+              "resps": [[(-1.5, True)]], "nan": float("nan"), "infinities": (float("inf"), -float("inf")),
+              "array": np.array([[1, 2]], dtype=np.int32), "tensor": torch.tensor(0.5), "float32": np.float32(0.25),
+              "bytes": b"\xffa", "path": Path("a/b"), "flag": np.bool_(True)}
+    expected = {"doc_id": 3, "doc": {"1": "one", "null": [1, 2], "2.5": [2, 10, 33], "false": ["a", "b"]},
+                "resps": [[[-1.5, True]]], "nan": "NaN", "infinities": ["Infinity", "-Infinity"],
+                "array": [[1, 2]], "tensor": 0.5, "float32": 0.25, "bytes": "\\xffa", "path": "a/b", "flag": True}
+    converted = json_safe(sample)
+    assert converted == expected
+    assert type(converted["doc_id"]) is int and type(converted["flag"]) is bool
+    line = sample_line(sample)
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert json.loads(line, parse_constant=lambda constant: pytest.fail(f"{constant} in strict JSON")) == expected
+    assert list({10, 2, 33}) != [2, 10, 33]  # sets come out sorted, not in their iteration order
+
+
+def test_sample_log_names_are_safe_and_distinct():
+    assert sample_log_name("mmlu_abstract-algebra.v2") == "samples_mmlu_abstract-algebra.v2.jsonl"
+    odd = [sample_log_name(name) for name in ("a/b", "a_b", "a b", "../x", "")]
+    assert len(set(odd)) == len(odd)
+    assert all(re.fullmatch(r"samples_[A-Za-z0-9._-]+\.jsonl", name) and "/" not in name for name in odd)
+
+
+def test_a_sample_log_cut_short_leaves_the_previous_file_and_no_half_file(tmp_path):
+    write_sample_logs({"t": [{"doc_id": 0}]}, tmp_path)
+    before = (tmp_path / "samples_t.jsonl").read_bytes()
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        write_sample_logs({"t": [{"doc_id": 0}, {"doc_id": 1, "doc": Unprintable()}]}, tmp_path)
+    assert (tmp_path / "samples_t.jsonl").read_bytes() == before
+    assert [path.name for path in tmp_path.iterdir()] == ["samples_t.jsonl"]  # no temporary file left
+
+
+def invoke_lm_eval(*args: str):
+    from click.testing import CliRunner
+
+    from dihal_bench.cli import cli
+
+    return CliRunner().invoke(cli, ["lm-eval", *args])
+
+
+def test_the_command_keeps_standard_errors_and_writes_sample_logs(tiny_model_dir, user_tasks, cache, tmp_path):
+    model_args = ["--model-args", f"backbone={tiny_model_dir}", "--tasks", "tiny_choice", "--device", "cpu",
+                  "--dtype", "float32", "--quiet"]
+    result = invoke_lm_eval(*model_args, "--out", str(tmp_path / "on"))
+    assert result.exit_code == 0, result.output
+    written = json.loads((tmp_path / "on" / "lm_eval.json").read_text())
+    assert json.loads(result.stdout) == written["results"]  # printed as written, stderr beside its metric
+    assert list(written["results"]["tiny_choice"]) == ["acc", "acc_stderr"]
+    stderr = written["results"]["tiny_choice"]["acc_stderr"]
+    assert isinstance(stderr, float) and math.isfinite(stderr) and stderr >= 0
+    assert written["config"]["bootstrap_iters"] == BOOTSTRAP_ITERS
+    lines = read_jsonl(tmp_path / "on" / "samples_tiny_choice.jsonl")
+    assert [line["doc"] for line in lines] == user_tasks
+    for line in lines:
+        assert list(line)[: len(SAMPLE_FIELDS)] == SAMPLE_FIELDS and line["metrics"] == ["acc"]
+        assert len(line["arguments"]) == len(line["resps"]) == len(line["filtered_resps"]) == 3  # one per choice
+        assert line["acc"] in (0.0, 1.0)
+    assert "wrote lm_eval.json and 1 sample log(s) (samples_tiny_choice.jsonl)" in result.stderr
+
+    result = invoke_lm_eval(*model_args, "--out", str(tmp_path / "off"), "--no-log-samples", "--bootstrap-iters", "0")
+    assert result.exit_code == 0, result.output
+    assert [path.name for path in (tmp_path / "off").iterdir()] == ["lm_eval.json"]
+    written = json.loads((tmp_path / "off" / "lm_eval.json").read_text())
+    assert list(written["results"]["tiny_choice"]) == ["acc"]
+    assert (written["config"]["bootstrap_iters"], written["config"]["sample_logs"]) == (0, {})
+
+
+def test_the_commands_sample_and_bootstrap_options_are_checked():
+    from dihal_bench.cli import lm_eval_cmd
+
+    assert {param.name: param.default for param in lm_eval_cmd.params}["bootstrap_iters"] == BOOTSTRAP_ITERS
+    asked = invoke_lm_eval("--model-args", "backbone=smollm2-135m", "--log-samples")
+    assert asked.exit_code != 0
+    assert "--log-samples writes the sample logs beside lm_eval.json: give --out" in asked.output
+    negative = invoke_lm_eval("--model-args", "backbone=smollm2-135m", "--bootstrap-iters", "-1")
+    assert negative.exit_code == 2 and "--bootstrap-iters" in negative.output
+    with pytest.raises(DihalError, match="bootstrap_iters must be a whole number"):
+        run_lm_eval("backbone=smollm2-135m", ["dihal-local"], bootstrap_iters=-5)

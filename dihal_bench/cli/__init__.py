@@ -1,8 +1,10 @@
 """The ``dihal-bench`` command line: the group and its one-line errors in ``app``, one module per
 command group (``catalog``: plugins, suites, check; ``locating``: locate; ``study``: run;
-``training``: sweep, bridge, generate, baseline; ``tables``: leaderboard, lm-eval)."""
+``training``: sweep, bridge, generate, baseline; ``tables``: leaderboard, lm-eval; ``sample_files``:
+samples export)."""
 
-from dihal_bench.cli import catalog, locating, study, tables, training  # noqa: F401  (registers the commands)
+# importing each command module registers its commands
+from dihal_bench.cli import catalog, locating, sample_files, study, tables, training  # noqa: F401
 from dihal_bench.cli.app import cli
 from dihal_bench.cli.catalog import plugins, suites
 from dihal_bench.cli.locating import locate

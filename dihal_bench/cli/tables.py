@@ -16,6 +16,10 @@ from dihal_bench.cli.app import (
 )
 from dihal_bench.errors import DihalError
 
+#: ``--bootstrap-iters``' default: `dihal_bench.lm_eval.BOOTSTRAP_ITERS` (not imported here: that
+#: imports lm-eval, seconds the other commands should not wait)
+LM_EVAL_BOOTSTRAP_ITERS = 1000
+
 
 @cli.command()
 @click.option("--results", "results_dir", type=click.Path(file_okay=False), default="runs/results", show_default=True,
@@ -130,20 +134,34 @@ def _quiet_loading(quiet: bool) -> bool:
 @click.option("--corpus", help="Corpus of the dihal-local task (default: the record's, else stdlib-docs).")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many documents per task.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write lm_eval.json here.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="Write lm_eval.json here (metrics with their standard errors), and the sample logs.")
+@click.option("--bootstrap-iters", type=click.IntRange(min=0), default=LM_EVAL_BOOTSTRAP_ITERS, show_default=True,
+              help="Resamples for the standard errors lm-eval bootstraps (perplexity, median, F1, BLEU...; "
+                   "acc-like means get theirs in closed form); 0: no standard errors at all.")
+@click.option("--log-samples/--no-log-samples", default=True, show_default=True,
+              help="With --out: also write lm-eval's per-document records (doc, arguments, resps, "
+                   "filtered_resps, per-document metric values) to samples_<task>.jsonl, one file per task.")
 @click.option("--trust-unverified", is_flag=True,
               help="Load a bridge checkpoint whose bridge.json records no weights_sha256 (its weights unverified).")
 @model_options(from_suite=False)
 @click.option("--quiet", is_flag=True, callback=lambda ctx, param, quiet: _quiet_loading(quiet),
               help="No progress bars while the models load (lm-eval's own bars stay).")
-def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, trust_unverified,
-                device, dtype, quiet):
-    """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval])."""
+def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, batch_size, out_dir, bootstrap_iters,
+                log_samples, trust_unverified, device, dtype, quiet):
+    """Evaluate the backbone or a DiHAL hybrid with lm-evaluation-harness (needs dihal-bench[lm-eval]).
+
+    Prints each task's metrics, each followed by its standard error (<metric>_stderr) where lm-eval
+    gives one; --out writes them to lm_eval.json and, unless --no-log-samples, each task's
+    per-document records to samples_<task>.jsonl beside it."""
     from dihal_bench import lm_eval as lm_eval_adapter
     from dihal_bench.study.preflight import check_writable
 
     if bool(model_args) == bool(record_path):
         raise DihalError("give either --model-args or --record with --method")
+    explicit = click.get_current_context().get_parameter_source("log_samples") is not click.core.ParameterSource.DEFAULT
+    if log_samples and explicit and not out_dir:
+        raise DihalError("--log-samples writes the sample logs beside lm_eval.json: give --out DIR")
     if out_dir:  # before the evaluation, which may take hours
         check_writable(Path(out_dir), "output folder --out")
     device, dtype = chosen_device(device, dtype)
@@ -162,8 +180,13 @@ def lm_eval_cmd(model_args, record_path, method, seed, tasks, corpus, limit, bat
     summary = lm_eval_adapter.run_lm_eval(model_args, [t.strip() for t in tasks.split(",") if t.strip()],
                                           limit=limit, corpus=corpus or "stdlib-docs", batch_size=batch_size,
                                           out_dir=Path(out_dir) if out_dir else None,
-                                          trust_unverified=trust_unverified)
+                                          trust_unverified=trust_unverified, bootstrap_iters=bootstrap_iters,
+                                          log_samples=log_samples)
     click.echo(json.dumps(summary["results"], indent=2))
+    if out_dir:
+        logs = summary["config"]["sample_logs"]
+        logged = f" and {len(logs)} sample log(s) ({', '.join(logs.values())})" if logs else ""
+        click.echo(f"wrote {lm_eval_adapter.SUMMARY_FILE}{logged} to {out_dir}", err=True)
     if record_path:
         lm_eval_adapter.attach_to_record(Path(record_path), method, seed, summary)
         click.echo(f"added to {record_path} ({method}, seed {seed}); rebuild tables with `dihal-bench leaderboard`")

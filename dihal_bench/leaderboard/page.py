@@ -3,16 +3,18 @@ files — no request leaves the page (style, sort script and plots are inline).
 
 Per group: the methods table cut to the columns a reader ranks by (method, budget, the metrics
 that have a better direction, latency) with the rest one click away, the plots, the proxy and
-layer tables, and a few samples of each method. Each table says its n (seeds) once; a cell
-says its own only where it has fewer. Any column sorts by a click on its header. A number and
-its spread stay on one line; a number is a link to where it comes from: hovering shows each
-seed's value and record, a click opens the group's sources, the record files (linked) and, per
-method and seed, the sample file the record names (linked where the job store is at hand), the
-commit and the machine. The page fits a 1400-pixel-wide window: a name breaks inside a word only
-where the word is longer than `render.LONGEST_UNBROKEN`, so no cell widens the page and no usual
-name is cut in two. The records the page was built from are named in each group's section and,
-for a machine, in a ``<meta name="dihal-bench-records">`` element (`render.citation`), which the
-page's picture (`plot.page_picture`) carries too.
+layer tables, a few samples of each method and a sample viewer (`viewer_block`: two methods side
+by side, sorted by NLL or length, from each record's samples file where it is beside the record).
+Each table says its n (seeds) once; a cell says its own only where it has fewer. Any column
+sorts by a click on its header. A number and its spread stay on one line; a number is a link to
+where it comes from: hovering shows each seed's value and record, a click opens the group's
+sources, the record files (linked) and, per method and seed, the sample file the record names
+(linked where the job store is at hand), the commit and the machine. The page fits a
+1400-pixel-wide window: a name breaks inside a word only where the word is longer than
+`render.LONGEST_UNBROKEN`, so no cell widens the page and no usual name is cut in two. The
+records the page was built from are named in each group's section and, for a machine, in a
+``<meta name="dihal-bench-records">`` element (`render.citation`), which the page's picture
+(`plot.page_picture`) carries too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dihal_bench.api.metrics import invalid_reason
+from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard.aggregate import Column, Table
 from dihal_bench.leaderboard.plot import Plot
 from dihal_bench.leaderboard.read import Group, one_line
@@ -48,6 +52,9 @@ TITLE = "dihal-bench leaderboard"
 DETAIL_COLUMNS = 8
 #: At most this many samples per method (records keep five).
 SAMPLES_SHOWN = 5
+#: At most this many samples per method in the sample viewer, taken evenly across the pooled seeds:
+#: a samples file holds every sample of a run, and the page must stay a page.
+VIEWER_SAMPLES = 64
 
 PAGE_STYLE = """
 *, *::before, *::after { box-sizing: border-box; }
@@ -91,14 +98,25 @@ figcaption { font-size: .85rem; color: #59636e; }
 .samples .method { flex: 0 1 auto; max-width: 40%; font-weight: 600; color: #1f2328; }
 .samples .preview { flex: 1; min-width: 0; overflow: hidden; white-space: nowrap; text-overflow: ellipsis; color: #59636e; }
 .samples ol { margin: .3rem 0 .8rem; }
-.samples pre { margin: .2rem 0; padding: .4rem .6rem; background: #f6f8fa; border-radius: 4px;
-               white-space: pre-wrap; overflow-wrap: anywhere; font: .85rem/1.4 ui-monospace, monospace; }
+.samples pre, .viewer pre { margin: .2rem 0; padding: .4rem .6rem; background: #f6f8fa; border-radius: 4px;
+                            white-space: pre-wrap; overflow-wrap: anywhere; font: .85rem/1.4 ui-monospace, monospace; }
+.viewer .controls { margin: .4rem 0; font-size: .875rem; }
+.viewer .columns { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 1rem; }
+.viewer select { max-width: 100%; font: inherit; }
+.viewer .column select { width: 100%; }
+.viewer ol { list-style: none; margin: .3rem 0; padding: 0; max-height: 36rem; overflow-y: auto; }
+.viewer li { margin: 0 0 .5rem; }
+.viewer .head, .viewer .origin { font-size: .8rem; color: #59636e; }
 """
 
-#: The page's one script. Click (or Enter on) a header: rows sort by that column, again to
-#: reverse. Cells sort by their data-sort number where they have one, else by their text; a
-#: cell with no value (data-sort="") goes last either way. A click on a number's link opens
-#: the <details> that holds its sources (a closed one would hide its target).
+#: The page's one script (the name is older than the sample viewer, its second part). Click (or
+#: Enter on) a header: rows sort by that column, again to reverse. Cells sort by their data-sort
+#: number where they have one, else by their text; a cell with no value (data-sort="") goes last
+#: either way. A click on a number's link opens the <details> that holds its sources (a closed one
+#: would hide its target). Each sample viewer (`viewer_block`) reads its samples from its
+#: data-samples attribute and shows, in each of its two columns, the method chosen there, in the
+#: order chosen above them (NLL per token or length in words, a sample without a value last); it
+#: writes the samples as text nodes, so that no sample is ever read as HTML.
 SORT_SCRIPT = """
 function compareKeys(a, b, ascending) {
   if (a === "" || b === "") return (a === "") - (b === "");
@@ -132,6 +150,47 @@ function openTarget() {
 }
 addEventListener("hashchange", openTarget);
 openTarget();
+""" + """
+function sampleOrder(order) {
+  if (!order) return () => 0;  // as listed: seed by seed, in sample order (the sort is stable)
+  const [key, direction] = order.split("-");
+  return (a, b) => {
+    const x = a[key], y = b[key];
+    if (x === null || y === null) return (x === null) - (y === null);  // no value: last either way
+    return direction === "asc" ? x - y : y - x;
+  };
+}
+function showSamples(viewer, methods, column) {
+  const method = methods[column.querySelector("select").value];
+  const list = column.querySelector("ol");
+  column.querySelector(".origin").textContent = method ? method.origin : "";
+  list.replaceChildren();
+  if (!method) return;
+  const number = (value, digits) => value === null ? "\u2014" : value.toFixed(digits);
+  const rows = [...method.samples].sort(sampleOrder(viewer.querySelector("select.viewer-sort").value));
+  for (const sample of rows) {
+    const item = document.createElement("li");
+    item.dataset.method = method.method;
+    item.dataset.nll = sample.nll === null ? "" : sample.nll;
+    item.dataset.words = sample.words;
+    const head = document.createElement("div");
+    head.className = "head";
+    head.textContent = `seed ${sample.seed}, #${sample.index}: NLL/token ${number(sample.nll, 3)}`
+      + (sample.tokens === null ? "" : ` over ${sample.tokens} tokens`) + `, ${sample.words} words`
+      + (sample.valid === false ? ", invalid" + (sample.reason ? ` (${sample.reason})` : "") : "");
+    const text = document.createElement(sample.text.trim() ? "pre" : "em");
+    text.textContent = sample.text.trim() ? sample.text : "(empty)";
+    item.append(head, text);
+    list.append(item);
+  }
+}
+for (const viewer of document.querySelectorAll("div.viewer")) {
+  const methods = JSON.parse(viewer.dataset.samples);
+  const columns = [...viewer.querySelectorAll(".column")];
+  const refresh = () => columns.forEach(column => showSamples(viewer, methods, column));
+  for (const select of viewer.querySelectorAll("select")) select.addEventListener("change", refresh);
+  refresh();
+}
 """
 
 INTRO = ("Run records pooled by suite, backbone and evaluator. ↑: higher is better, ↓: lower is better, "
@@ -148,6 +207,7 @@ class Sources:
     results_dir: Path | None = None
     out_dir: Path | None = None
     _records: dict[str, dict] = field(default_factory=dict)
+    _samples: dict[str, dict | None] = field(default_factory=dict)
 
     def record(self, name: str) -> dict:
         """The record file's top level as stored (its job store and environment), {} where unreadable."""
@@ -157,6 +217,19 @@ class Sources:
             except (OSError, ValueError, TypeError):
                 self._records[name] = {}
         return self._records[name]
+
+    def sample_file(self, name: str) -> dict[tuple[int, str], list[str]] | None:
+        """The texts of the record's samples file (``<stem>.samples.jsonl`` beside it, as `dihal-bench run`
+        and `dihal-bench samples export` write it) by (seed, method), in sample order; None where there
+        is none. DihalError naming the file where it cannot be read as one."""
+        from dihal_bench.study.sample_export import samples_path
+
+        if self.results_dir is None:
+            return None
+        if name not in self._samples:
+            path = samples_path(self.results_dir / name)
+            self._samples[name] = read_sample_file(path) if path.is_file() else None
+        return self._samples[name]
 
     def href(self, path: Path) -> str:
         return Path(os.path.relpath(path.resolve(), self.out_dir.resolve())).as_posix()
@@ -177,6 +250,25 @@ class Sources:
             return f'<a href="{html.escape(self.href(store / path))}">{html.escape(path)}</a>'
         return (f'<span title="in the job store of the run that made the record, not at hand here">'
                 f"{html.escape(path)}</span>")
+
+
+def read_sample_file(path: Path) -> dict[tuple[int, str], list[str]]:
+    """A samples file's texts by (seed, method), each list in sample order (its lines' ``index``)."""
+    found: dict[tuple[int, str], dict[int, str]] = {}
+    number = 0
+    try:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                found.setdefault((int(row["seed"]), str(row["method"])), {})[int(row["index"])] = str(row["text"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise DihalError(f"{path} is not a readable samples file (line {number}: {exc}); delete it, or write "
+                         f"it again with `dihal-bench samples export`") from None
+    for (seed, method), texts in found.items():
+        if sorted(texts) != list(range(len(texts))):
+            raise DihalError(f"{path}: the samples of {method} (seed {seed}) are not numbered 0 to "
+                             f"{len(texts) - 1}; write it again with `dihal-bench samples export`")
+    return {key: [texts[i] for i in range(len(texts))] for key, texts in found.items()}
 
 
 #: table name -> the kind of the group's rows it is made of, and the columns that name a row in both
@@ -340,6 +432,98 @@ def samples_block(group: Group, methods: Table) -> str:
             f'click a method to read its samples.</p>\n<div class="samples">\n{"".join(items)}</div>\n')
 
 
+def viewer_samples(source: str, entry: dict, name: str, sources: Sources) -> tuple[list[dict], str]:
+    """A method's samples on one pooled seed for the viewer, each with its NLL per token, scored
+    tokens, words and validity where the record keeps them (the NLLs always the record's own), and
+    where they come from: the record's samples file, else the texts the record keeps."""
+    from dihal_bench.study.sample_export import per_sample_values
+
+    method = entry["methods"][name]
+    stored = method.get("samples") or {}
+    count = stored.get("count") if isinstance(stored.get("count"), int) else None
+    texts = (sources.sample_file(source) or {}).get((entry["seed"], name))
+    if texts is not None:
+        if count is not None and len(texts) != count:
+            raise DihalError(f"the samples file of {source} holds {len(texts)} samples of {name} (seed "
+                             f"{entry['seed']}), the record {count}: write it again with "
+                             f"`dihal-bench samples export`")
+        origin = "its samples file"
+    else:
+        texts, origin = [str(text) for text in stored.get("examples") or []], "the texts the record keeps"
+    values = per_sample_values(method, count if count is not None else -1)
+    samples = []
+    for index, text in enumerate(texts):
+        nll, tokens = (values["nll"][index], values["nll_tokens"][index]) if values else (None, None)
+        sample = {"seed": entry["seed"], "index": index, "text": text,
+                  "nll": nll / tokens if isinstance(nll, (int, float)) and tokens else None,
+                  "tokens": tokens if isinstance(tokens, int) else None, "words": len(text.split()),
+                  "valid": (nll is not None) if values else None}
+        reason = invalid_reason(text, tokens) if values and nll is None else None
+        if reason is not None:  # the validity rule again, on the text and its count: why Gen.PPL left it out
+            sample["reason"] = reason
+        samples.append(sample)
+    return samples, origin
+
+
+def viewer_methods(group: Group, methods: Table, sources: Sources) -> list[dict]:
+    """Each method of the methods table with its samples for the viewer: at most `VIEWER_SAMPLES`,
+    taken evenly across the pooled seeds (each seed's first ones), listed seed by seed."""
+    names = dict(zip(methods.numbers["method"], methods.labels["name"]))
+    shown = []
+    for name in names:
+        per_seed, origins = [], {}
+        for position, (source, entry) in enumerate(group.entries):
+            if name in entry["methods"]:
+                samples, origin = viewer_samples(source, entry, name, sources)
+                per_seed.append([(sample["index"], position, sample) for sample in samples])
+                origins.setdefault(origin, []).append(f"seed {entry['seed']} of {source}")
+        everything = sorted((item for items in per_seed for item in items), key=lambda item: item[:2])
+        taken = sorted(everything[:VIEWER_SAMPLES], key=lambda item: (item[1], item[0]))
+        if not taken:
+            continue
+        said = "; ".join(f"{origin}: {', '.join(seeds)}" for origin, seeds in origins.items())
+        shown.append({"method": name, "name": str(names[name]), "samples": [item[2] for item in taken],
+                      "origin": f"{len(taken)} of the {len(everything)} samples at hand ({said})"})
+    return shown
+
+
+def attribute(text: str) -> str:
+    """``text`` as the value of a single-quoted HTML attribute: ``& < > '`` escaped (so ``</`` too)."""
+    return html.escape(text, quote=False).replace("'", "&#x27;")
+
+
+def viewer_block(group: Group, methods: Table, sources: Sources) -> str:
+    """Every method's samples (up to `VIEWER_SAMPLES` each) as data for the page's script: pick a
+    method in each of two columns, sort both by NLL per token or by length."""
+    shown = viewer_methods(group, methods, sources)
+    if not shown:
+        return ""
+    # in a single-quoted attribute: JSON's many double quotes stay one character each
+    data = json.dumps(shown, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    options = "".join(f'<option value="{i}">{html.escape(method["name"])}</option>' for i, method in enumerate(shown))
+
+    def column(first: int | None) -> str:
+        chosen = options if first is None else options.replace(f'<option value="{first}">',
+                                                                  f'<option value="{first}" selected>', 1)
+        none = '<option value="">(none)</option>' if first is None or first > 0 else ""
+        return (f'<div class="column"><select aria-label="method">{none}{chosen}</select>'
+                f'<p class="origin"></p><ol></ol></div>')
+
+    orders = [("", "seed, then sample order"), ("nll-asc", "NLL/token, lowest first"),
+              ("nll-desc", "NLL/token, highest first"), ("words-asc", "length, shortest first"),
+              ("words-desc", "length, longest first")]
+    sort = "".join(f'<option value="{value}">{html.escape(label)}</option>' for value, label in orders)
+    note = (f"Up to {VIEWER_SAMPLES} samples per method, taken evenly across the pooled seeds: from each "
+            "record's samples file (<record>.samples.jsonl, every sample of the run) where it is beside the record, "
+            "else the texts the record keeps. NLL/token: the sample's mean token NLL under the evaluator (nats), as "
+            "Gen.PPL counts it, where the record keeps it per sample; a sample Gen.PPL leaves out as invalid has "
+            "none. Choose a method in each column to compare two side by side (needs JavaScript).")
+    return (f'<h3>Sample viewer</h3>\n<p class="note">{html.escape(note)}</p>\n'
+            f"<div class=\"viewer\" data-samples='{attribute(data)}'>\n<p class=\"controls\"><label>Order: "
+            f'<select class="viewer-sort">{sort}</select></label></p>\n<div class="columns">'
+            f"{column(0)}{column(1 if len(shown) > 1 else None)}</div>\n</div>\n")
+
+
 def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot], sources: Sources) -> str:
     return (f"<section>\n<h2>{html.escape(group.title)}</h2>\n"
             f'<p class="meta">Corpus: {html.escape(", ".join(sorted(group.corpora)))}. '
@@ -348,6 +532,7 @@ def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]
             + (table_block(group, tables["methods"]) + metrics_block(tables["metrics"]) if "methods" in tables else "")
             + (table_block(group, tables["budget"]) if "budget" in tables else "")
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
+            + (viewer_block(group, tables["methods"], sources) if "methods" in tables else "")
             + (table_block(group, tables["steps"]) if "steps" in tables else "")
             + table_block(group, tables["proxies"]) + table_block(group, tables["layers"]) + "</section>\n")
 

@@ -462,7 +462,9 @@ def method_values(method: dict, metrics: list[str]) -> dict:
     values["trainable_params"] = float(sum(method["parameters"].values()))
     for task, results in (method.get("lm_eval") or {}).items():
         for metric, value in results.items():
-            if not math.isnan(_number(value)):  # numbers only: lm-eval also reports aliases
+            # numbers only (lm-eval also reports aliases), and no standard errors: a seed's stderr
+            # averaged over seeds is no interval; the seeds' spread is the table's
+            if not math.isnan(_number(value)) and "_stderr" not in metric:
                 values[f"lm_eval/{task}/{metric}"] = _number(value)
     return values
 

@@ -56,6 +56,7 @@ from dihal_bench.study.records import (
     write_record,
 )
 from dihal_bench.study.run import Run
+from dihal_bench.study.sample_export import export_beside
 from dihal_bench.study.samples import EXAMPLES, read_samples
 from dihal_bench.study.stages.latency import latency_unit
 from dihal_bench.study.stages.locate import LOCATE_KEYS, locate_unit
@@ -180,6 +181,7 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
         except BaseException:
             path.unlink(missing_ok=True)  # the name claimed (empty): no record, whole or half
             raise
+        export_beside(path, record, run.store)  # every sample beside the record; a failure only warns
     return path
 
 
