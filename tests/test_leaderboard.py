@@ -23,8 +23,10 @@ from dihal_bench.errors import DihalError
 from dihal_bench.leaderboard import build_leaderboards, render
 from dihal_bench.leaderboard.aggregate import pareto_front
 from dihal_bench.leaderboard.page import SORT_SCRIPT
+from dihal_bench.leaderboard.read import read_groups
 from dihal_bench.leaderboard.render import format_cell, format_mean_std, format_p
 from dihal_bench.study.records import RECORD_FORMAT, RECORD_FORMAT_V1, seal_record
+from dihal_bench.training.budget import Budget
 
 GROUP = "diag-tiny-tiny"  # the folder of suite "diag", backbone "tiny", evaluator "tiny"
 
@@ -790,10 +792,32 @@ def test_a_seed_run_again_is_pooled_once_from_the_newer_record(results, tmp_path
     dihal = pd.read_csv(out / GROUP / "methods.csv").set_index("method").loc["dihal-chosen"]
     assert dihal["gen_ppl_n"] == 3  # seeds 0, 1, 2: three, not four
     assert dihal["gen_ppl_mean"] == pytest.approx(np.mean([10.0, 99.0, 17.0]))
-    # the same seed under another configuration (a --set variant) is another measurement: pooled
-    write_record(results, "d.json", [rerun], created="2026-12-03T00:00:00Z", config={"budget": {"steps": 2400}})
+    # the same seed under another configuration that trains the same (a --set of the sampling) is another
+    # measurement of the same rows: pooled
+    write_record(results, "d.json", [rerun], created="2026-12-03T00:00:00Z", config={"sampling": {"samples": 9}})
     _, warnings = build(results, tmp_path / "again")
     assert warnings == ["seed 1 of a.json is also in the newer c.json: only the newer is pooled"]
+    again = pd.read_csv(tmp_path / "again" / GROUP / "methods.csv").set_index("method").loc["dihal-chosen"]
+    assert again["gen_ppl_n"] == 4
+
+
+def test_records_trained_under_two_matched_budgets_are_never_pooled(results, tmp_path):
+    """A `--set budget.steps=2400` variant is another protocol under the same row labels: a group of its own,
+    titled with its budget, and the first group's numbers stay as they were."""
+    variant = seed_entry(1, 99.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.6)
+    write_record(results, "d.json", [variant], created="2026-12-03T00:00:00Z",
+                 config={"budget": {"steps": 2400, "epochs": 4}})
+    groups = read_groups(results, lambda message: None)
+    assert len(groups) == 2 and len({group.folder for group in groups}) == 2
+    by_steps = {group.budget.split("×")[0]: group for group in groups}
+    assert set(by_steps) == {"2400", str(Budget().steps)} and "budget 2400×16×64, 4 epochs" in by_steps["2400"].title
+    assert by_steps["2400"].sources == {"d.json": [1]} and "d.json" not in by_steps[str(Budget().steps)].sources
+    out = tmp_path / "out"
+    build(results, out)
+    first = [folder for folder in out.iterdir() if folder.is_dir() and (folder / "methods.csv").exists()]
+    counts = sorted(pd.read_csv(folder / "methods.csv").set_index("method").loc["dihal-chosen", "gen_ppl_n"]
+                    for folder in first)
+    assert counts == [1, 3]  # the variant's seed 1 alone; the first group keeps its three, its own seed 1 included
 
 
 

@@ -1,4 +1,4 @@
-"""Run records in, flat rows out: every seed of a (suite, backbone, evaluator) group, each
+"""Run records in, flat rows out: every seed of a (suite, backbone, evaluator, matched budget) group, each
 (configuration, seed) once from its newest record, as one row per method, swept layer, proxy and
 locate layer.
 
@@ -32,6 +32,7 @@ from dihal_bench.study.records import (
     record_integrity,
     slug,
 )
+from dihal_bench.training.budget import Budget
 
 #: What every run record's format tag starts with, whatever its version: a file tagged so is
 #: ours, and one this version cannot read is an error rather than a file quietly left out.
@@ -64,12 +65,15 @@ ROW_KINDS = ("methods", "layers", "proxies", "z", "steps")
 
 @dataclass
 class Group:
-    """The pooled seeds of one (suite, backbone, evaluator), each seed once
-    (:func:`newest_per_seed`)."""
+    """The pooled seeds of one (suite, backbone, evaluator) trained under one matched budget, each seed
+    once (:func:`newest_per_seed`)."""
 
     suite: str
     backbone: str
     evaluator: str
+    #: the matched budget, said where records of the same suite, backbone and evaluator were trained
+    #: under two (`budget_label`); "" where the group's is the only one
+    budget: str = ""
     corpora: set[str] = field(default_factory=set)
     sources: dict[str, list[int]] = field(default_factory=dict)  # record file name -> its seeds
     rows: dict[str, list[dict]] = field(default_factory=lambda: {kind: [] for kind in ROW_KINDS})
@@ -96,7 +100,8 @@ class Group:
 
     @property
     def title(self) -> str:
-        return f"{self.suite} · backbone {self.backbone} · evaluator {self.evaluator}"
+        budget = f" · budget {self.budget}" if self.budget else ""
+        return f"{self.suite} · backbone {self.backbone} · evaluator {self.evaluator}{budget}"
 
     @property
     def seeds(self) -> int:
@@ -154,7 +159,7 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     """
     if not results_dir.is_dir():
         raise DihalError(f"no run records in {results_dir}: the folder does not exist")
-    loaded: dict[tuple[str, str, str], list[tuple[str, dict, Path, Integrity]]] = {}
+    loaded: dict[tuple[str, str, str, str], list[tuple[str, dict, Path, Integrity]]] = {}
     left_out: list[tuple[Path, str]] = []  # damaged records and why
     for path in sorted(results_dir.glob("*.json")):
         raw = _json_object(path)
@@ -170,17 +175,19 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
             continue
         record = load_record(path)
         try:
-            key = tuple(_name(record[part], part) for part in ("suite", "backbone", "evaluator"))
+            key = (*(_name(record[part], part) for part in ("suite", "backbone", "evaluator")), budget_key(record))
             # read whole now: a malformed record is an error even where a newer one replaces its seeds
             record_rows(record, source)
         except MALFORMED as exc:
             raise malformed(path, exc) from None
         loaded.setdefault(key, []).append((source, record, path, integrity))
-    groups: dict[tuple[str, str, str], Group] = {}
+    groups: dict[tuple[str, str, str, str], Group] = {}
+    budgets = Counter(key[:3] for key in loaded)  # matched budgets per (suite, backbone, evaluator)
     for key, records in loaded.items():
         for source, record, path, integrity in newest_per_seed(records, warn):
             try:
-                group = groups.setdefault(key, Group(*key))
+                budget = budget_label(record) if budgets[key[:3]] > 1 else ""
+                group = groups.setdefault(key, Group(*key[:3], budget=budget))
                 group.add(record, source)
                 if integrity.status == UNVERIFIED:
                     group.unverified.append(source)
@@ -196,6 +203,35 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     ordered = [groups[key] for key in sorted(groups)]
     assign_folders(ordered)
     return ordered
+
+
+#: the fields of a budget that do not change what a run trains (the seed is each run's own)
+UNTRAINED_BUDGET_FIELDS = ("seed", "checkpoint_every")
+
+
+def matched_budget_of(record: dict) -> dict:
+    """A record's matched budget as its suite set it (``config.budget``), every field typed and
+    defaulted, so that two spellings of one protocol compare equal."""
+    table = (record.get("config") or {}).get("budget") or {}
+    try:
+        budget = Budget.from_dict(dict(table)).to_dict()
+    except (DihalError, TypeError, ValueError):  # a record this version cannot type: compared as written
+        budget = dict(table)
+    return {key: value for key, value in budget.items() if key not in UNTRAINED_BUDGET_FIELDS}
+
+
+def budget_key(record: dict) -> str:
+    """Part of a group's identity: records trained under two matched budgets are never pooled, since a
+    row's label would then stand for two protocols (docs/method.md#budget-scales: a budget variant is
+    a scale, with rows of its own, or a group of its own)."""
+    return json.dumps(matched_budget_of(record), sort_keys=True)
+
+
+def budget_label(record: dict) -> str:
+    """``600×16×64, 6 epochs, lr 0.001``: the matched budget, as a group's title names it."""
+    budget = matched_budget_of(record)
+    shape = "×".join(str(budget.get(key, "?")) for key in ("steps", "batch_size", "seq_len"))
+    return f"{shape}, {budget.get('epochs', 1)} epochs, lr {budget.get('lr', '?')}"
 
 
 #: what reading a record that passed the schema but not our reading of it raises
@@ -519,6 +555,7 @@ def assign_folders(groups: list[Group]) -> None:
     taken = Counter(folder.casefold() for folder in plain)
     for group, folder in zip(groups, plain):
         if taken[folder.casefold()] > 1:
-            names = json.dumps([group.suite, group.backbone, group.evaluator])  # ASCII: non-ASCII is \u-escaped
+            names = [group.suite, group.backbone, group.evaluator] + ([group.budget] if group.budget else [])
+            names = json.dumps(names)  # ASCII: non-ASCII is \u-escaped
             folder = f"{folder}-{hashlib.sha256(names.encode('ascii')).hexdigest()[:8]}"
         group.folder = folder
