@@ -62,9 +62,13 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device=None,
 @click.option("--calibrate", is_flag=True,
               help="Load the models and time a few steps on this machine (seconds) first, so the estimate "
                    "(and the progress bar's ETA) uses measured rates instead of assumed ones.")
+@click.option("--report-to", "report_to", multiple=True, metavar="NAME",
+              help="Hand the written record (params, metrics, artifacts) to this reporter; repeatable, none by "
+                   "default. tensorboard (extra [tensorboard]) writes <--out>/reports/tensorboard/<record stem>/; "
+                   "`dihal-bench plugins` lists the reporters.")
 @quiet_option
 def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, executor, address,
-        workers, gpus, device, dtype, calibrate, quiet):
+        workers, gpus, device, dtype, calibrate, report_to, quiet):
     """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record.
 
     A run prints where it runs and its estimate first (--calibrate: timed on this machine); Ctrl-C
@@ -88,7 +92,7 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     if executor == "local" or not dry_run:
         chosen = make_executor(executor, address=address, workers=workers)
     if dry_run:
-        check_suite(config, here=calibrate)
+        check_suite(config, here=calibrate, reporters=report_to)
         from dihal_bench.study.estimate import format_plan, format_schedule
         from dihal_bench.study.store_probe import done_units
 
@@ -98,12 +102,12 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
             click.echo("\n" + format_schedule(name, config, gpus, throughput))
         return
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
-                here=chosen.computes_here)
+                here=chosen.computes_here, reporters=report_to)
     check_store_free(Path(out_root) / name / "jobs")  # the store run_suite locks, before its models load
     with sigterm_interrupts():
         path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
                          executor=chosen, report=None if quiet else (lambda line: click.echo(line, err=True)),
-                         calibrate=calibrate)
+                         calibrate=calibrate, report_to=report_to)
     click.echo(f"wrote run record {path}")
 
 

@@ -93,3 +93,21 @@ def register_metrics(register):
 def register_suites(register):
     """Register suites: ``register(name, path, description=...)``, where ``path`` (a ``str`` or
     ``pathlib.Path``) is an existing TOML suite file."""
+
+
+@hookspec
+def register_reporters(register):
+    """Register run reporters (trackers): ``register(name, fn, description=..., check=...)``.
+
+    ``fn(report: dihal_bench.study.reporting.RunReport) -> None`` is called once per run that names
+    it (``dihal-bench run --report-to NAME``, repeatable; none by default), after the run's record
+    and its samples file are written. ``report`` holds ``record_path`` and ``record`` (the sealed
+    record as written), ``params`` (the resolved suite config flattened to dotted keys,
+    ``"budget.steps": 6``), ``metrics`` (every numeric metric value of every seed and method,
+    ``"seed1/dihal-chosen/gen_ppl": 31.2``), ``artifacts`` (``"record"``, and ``"samples"`` where
+    ``<record stem>.samples.jsonl`` is beside it) and ``out_dir`` (``<--out>/reports/<name>``, not
+    yet created: where a reporter that writes files puts them). A reporter that raises loses
+    nothing: the record stays, and the error is one warning line naming the reporter.
+    ``check`` (optional): ``check() -> None``, raising ``DihalError`` when the reporter cannot run
+    on this machine (a missing package; say which extra to install): called before the run starts.
+    """

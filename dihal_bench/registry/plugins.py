@@ -59,6 +59,7 @@ KINDS = {
     "baseline": "register_baselines",
     "metric": "register_metrics",
     "suite": "register_suites",
+    "reporter": "register_reporters",
 }
 
 
@@ -117,6 +118,10 @@ META_RULES: dict[str, dict[str, MetaRule]] = {
         "default": MetaRule(lambda v: isinstance(v, bool), "True or False"),
     },
     "suite": {"description": DESCRIPTION},
+    # called before a run that names the reporter: raises DihalError when it cannot run here
+    "reporter": {"description": DESCRIPTION,
+                 "check": MetaRule(callable, "a callable() -> None that raises DihalError when the reporter "
+                                             "cannot run here")},
 }
 
 
@@ -187,6 +192,20 @@ def _check_suite(name: str, obj: Any) -> str | None:
     return None
 
 
+def _check_reporter(name: str, obj: Any) -> str | None:
+    if not callable(obj):
+        return _check_callable(name, obj)
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return f"the signature of {_describe(obj)} cannot be read, so it cannot be checked"
+    try:
+        signature.bind(None)  # the harness calls it with the run's RunReport alone
+    except TypeError:
+        return f"{_describe(obj)} cannot be called with one argument (the run's RunReport)"
+    return None
+
+
 #: kind -> check of the registered object: None when it is fine, else what is wrong
 OBJECT_CHECKS: dict[str, Callable[[str, Any], str | None]] = {
     "backbone": _check_callable,
@@ -197,6 +216,7 @@ OBJECT_CHECKS: dict[str, Callable[[str, Any], str | None]] = {
     "baseline": _check_baseline,
     "metric": _check_callable,
     "suite": _check_suite,
+    "reporter": _check_reporter,
 }
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.errors import DihalError
 from dihal_bench.registry.options import check_options, check_registered
+from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.plan import method_rows, trains
 
 
@@ -97,11 +99,14 @@ def _named(resolve, name: str, key: str, kind: str) -> None:
         raise DihalError(f"{key}: {exc}") from None
 
 
-def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, here: bool = True) -> None:
+def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, here: bool = True,
+                reporters: Sequence[str] = ()) -> None:
     """Everything about a resolved suite (see :func:`dihal_bench.config.suite.check_values` for its values)
     that can be known without loading a model; ``folders`` maps a description to a folder that
     must be writable (the job store, the results folder). ``here=False`` (a dry-run planning for
-    another machine) does not ask whether this machine has the suite's device."""
+    another machine) does not ask whether this machine has the suite's device. ``reporters``: the
+    run's ``--report-to`` names, each registered and able to run in this process (which runs them)."""
+    check_reporters(reporters)
     check_backbone_name(config.backbone, "backbone")
     check_backbone_name(config.evaluator, "evaluator")
     check_corpus_name(config.corpus)
@@ -117,6 +122,25 @@ def check_suite(config: SuiteConfig, *, folders: dict[str, Path] | None = None, 
         check_writable(folder, what)
     if here:
         check_suite_data(config)
+
+
+def check_reporters(names: Sequence[str], key: str = "--report-to") -> None:
+    """Every name is a registered reporter (dihal_bench.study.reporting), and each one's ``check``
+    passes here: the process that runs the suite runs its reporters."""
+    names = list(dict.fromkeys(names))
+    check_registered("reporter", names, key)
+    for name in names:
+        registration = get_registry().get("reporter", name)
+        check = registration.meta.get("check")
+        try:
+            if check is not None:
+                check()
+        except DihalError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a plugin's check may raise anything
+            detail = " ".join(str(exc).split())
+            raise DihalError(f"reporter {name!r} from {registration.source}: its check failed: "
+                             f"{type(exc).__name__}{f': {detail}' if detail else ''}") from exc
 
 
 def check_scaled_rows(config: SuiteConfig) -> None:

@@ -55,6 +55,7 @@ from dihal_bench.study.records import (
     slug,
     write_record,
 )
+from dihal_bench.study.reporting import report_run
 from dihal_bench.study.run import Run
 from dihal_bench.study.sample_export import export_beside
 from dihal_bench.study.samples import EXAMPLES, read_samples
@@ -107,17 +108,18 @@ class RunInterrupted(KeyboardInterrupt):
 def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
               results_dir: Path = Path("runs/results"), progress: bool = True,
               executor: Executor | None = None, report: Callable[[str], None] | None = None,
-              calibrate: bool = False) -> Path:
+              calibrate: bool = False, report_to: tuple[str, ...] = ()) -> Path:
     """Run every stage for every seed and write the run record; returns its path. ``executor``
     says where the units of work run (dihal_bench.study.executors; in order in this process by default).
     An "auto" device or dtype is resolved here, once, and the record's config names what ran.
     ``report`` gets the estimate before any work starts, from rates measured on this machine when
-    ``calibrate`` (seconds of timed steps; only where the work runs here), else assumed ones."""
+    ``calibrate`` (seconds of timed steps; only where the work runs here), else assumed ones. The
+    reporters ``report_to`` names get the written record (dihal_bench.study.reporting)."""
     executor = executor or LocalExecutor()
     ran_on = environment()  # at the start: the code that runs, not whatever is checked out when it ends
     config = resolved_config(config)
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
-                here=executor.computes_here)
+                here=executor.computes_here, reporters=report_to)
     run = Run(suite, config, out_root, progress, device=executor.driver_device)
     run.check_inputs()
     plans = {seed: seed_units(config, run.backbone.num_layers) for seed in config.seeds}
@@ -129,8 +131,8 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
                        costs=costs)
     estimate = stage_estimate(plans, costs, throughput)
     try:
-        return _run_stages(suite, config, run, executor, tracker, results_dir, {"environment": ran_on,
-                                                                                 "estimate": estimate})
+        return _run_stages(suite, config, run, executor, tracker, results_dir, {
+            "environment": ran_on, "estimate": estimate, "report_to": tuple(report_to)})
     except KeyboardInterrupt as exc:
         tracker.close()
         raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
@@ -182,6 +184,7 @@ def _run_stages(suite: str, config: SuiteConfig, run: Run, executor: Executor, t
             path.unlink(missing_ok=True)  # the name claimed (empty): no record, whole or half
             raise
         export_beside(path, record, run.store)  # every sample beside the record; a failure only warns
+        report_run(path, started_with["report_to"], run.out_root)  # --report-to; a failure only warns
     return path
 
 
