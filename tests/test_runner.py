@@ -505,6 +505,27 @@ def test_a_stopped_run_says_what_is_done_and_the_command_that_resumes(tiny_suite
     assert "running on" not in stderr
 
 
+def test_an_interrupt_a_library_turned_into_another_error_still_stops_the_run_as_interrupted(tiny_suite, tmp_path,
+                                                                                            monkeypatch):
+    """In CI a SIGTERM landed inside a vmap and torch's functorch, leaving it, raised an internal assert in
+    the interrupt's place: the run must still stop as interrupted (exit 130, how to resume), not as a crash."""
+    from dihal_bench.study import runner
+
+    def stage(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise RuntimeError("layerId == dynamic_layer.layerId() INTERNAL ASSERT FAILED")
+
+    monkeypatch.setattr(runner, "study_seeds", stage)
+    config = load_suite_file(tiny_suite)
+    with pytest.raises(runner.RunInterrupted):
+        runner.run_suite("tiny", config, out_root=tmp_path / "runs", results_dir=tmp_path / "results", progress=False)
+    monkeypatch.setattr(runner, "study_seeds", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # an error with no interrupt behind it stays an error
+        runner.run_suite("tiny", config, out_root=tmp_path / "runs", results_dir=tmp_path / "results", progress=False)
+
+
 def test_a_run_reports_where_it_runs_and_its_estimate_before_any_work():
     from dihal_bench.study.estimate import Throughput, estimate_line
 

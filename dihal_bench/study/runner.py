@@ -25,7 +25,7 @@ from pathlib import Path
 from dihal_bench.base.provenance import environment
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.config.suite import resolved_config
-from dihal_bench.errors import DihalError
+from dihal_bench.errors import DihalError, interrupted
 from dihal_bench.hybrid.sweep import layer_correlations
 from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
@@ -133,7 +133,9 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
     try:
         return _run_stages(suite, config, run, executor, tracker, results_dir, {
             "environment": ran_on, "estimate": estimate, "report_to": tuple(report_to)})
-    except KeyboardInterrupt as exc:
+    except BaseException as exc:
+        if not interrupted(exc):
+            raise
         tracker.close()
         raise RunInterrupted(tracker.done_units, tracker.total_units) from exc
 
