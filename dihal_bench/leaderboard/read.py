@@ -72,7 +72,7 @@ class Group:
     backbone: str
     evaluator: str
     #: the matched budget, said where records of the same suite, backbone and evaluator were trained
-    #: under two (`budget_label`); "" where the group's is the only one
+    #: under two (`budget_title`); "" where the group's is the only one
     budget: str = ""
     corpora: set[str] = field(default_factory=set)
     sources: dict[str, list[int]] = field(default_factory=dict)  # record file name -> its seeds
@@ -186,7 +186,7 @@ def read_groups(results_dir: Path, warn: Callable[[str], None]) -> list[Group]:
     for key, records in loaded.items():
         for source, record, path, integrity in newest_per_seed(records, warn):
             try:
-                budget = budget_label(record) if budgets[key[:3]] > 1 else ""
+                budget = budget_title(record) if budgets[key[:3]] > 1 else ""
                 group = groups.setdefault(key, Group(*key[:3], budget=budget))
                 group.add(record, source)
                 if integrity.status == UNVERIFIED:
@@ -227,7 +227,7 @@ def budget_key(record: dict) -> str:
     return json.dumps(matched_budget_of(record), sort_keys=True)
 
 
-def budget_label(record: dict) -> str:
+def budget_title(record: dict) -> str:
     """``600×16×64, 6 epochs, lr 0.001``: the matched budget, as a group's title names it."""
     budget = matched_budget_of(record)
     shape = "×".join(str(budget.get(key, "?")) for key in ("steps", "batch_size", "seq_len"))
