@@ -267,5 +267,6 @@ names = ["gen_ppl", "gen_ppl_sample_mean", "entropy", "diversity"]
 mauve = false
 min_valid = 1
 latency_repeats = 1
+test_nll_windows = 4
 ''')
     return suite

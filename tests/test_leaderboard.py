@@ -831,3 +831,29 @@ def test_every_methods_table_states_its_scorer_sample_length_n_and_precision():
                                  "models in float32; the built-in decoders draw tokens from float32 probabilities")
     assert method_table(groups["sanity-smollm2-135m-smollm2-135m"]).note.startswith(
         "Scored by smollm2-135m (the backbone itself)")
+
+
+def test_the_test_nll_column_pools_seeds_and_says_exact_or_bound(tmp_path):
+    """Held-out likelihoods (docs/method.md#test-nll): a column only where some row has one, pooled over
+    seeds like a metric, its kind beside it, "—" for a row without one."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    entries = [seed_entry(seed, 10.0 + seed, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5) for seed in range(2)]
+    for entry, nll in zip(entries, (3.0, 3.5), strict=True):
+        entry["methods"]["dihal-chosen"]["test_nll"] = {"kind": "exact", "nats_per_token": nll, "nll_sum": nll * 64,
+                                                        "tokens": 64, "windows": 1, "test_windows": 9,
+                                                        "covered_windows": 4}
+        entry["methods"]["ar-backbone"]["test_nll"] = None
+    write_record(folder, "a.json", entries)
+    build(folder, tmp_path / "out")
+    methods = pd.read_csv(tmp_path / "out" / GROUP / "methods.csv").set_index("method")
+    assert methods.loc["dihal-chosen", "test_nll_mean"] == pytest.approx(3.25)
+    assert methods.loc["dihal-chosen", "test_nll_n"] == 2 and methods.loc["ar-backbone", "test_nll_n"] == 0
+    assert methods.loc["dihal-chosen", "test_nll_kind"] == "exact" and methods.loc["ar-backbone", "test_nll_kind"] == "—"
+    assert "Test NLL ↓" in (tmp_path / "out" / GROUP / "methods.md").read_text()
+
+
+def test_records_without_likelihoods_get_no_test_nll_column(results, tmp_path):
+    build(results, tmp_path / "out")
+    methods = pd.read_csv(tmp_path / "out" / GROUP / "methods.csv")
+    assert not any(column.startswith("test_nll") for column in methods.columns)

@@ -199,6 +199,14 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
         else:
             assert method["latency"]["batch1_ms_per_token"] > 0, name
     assert seed["methods"]["ar-backbone"]["in_budget"] is False
+    # every row but the references has an exact likelihood here (the bridge's default sampler draws no
+    # noise), on the same held-out windows
+    likelihoods = {name: method["test_nll"] for name, method in seed["methods"].items()}
+    assert likelihoods["reference-unigram"] is None and likelihoods["reference-human"] is None
+    scored = {name: value for name, value in likelihoods.items() if value is not None}
+    assert {value["kind"] for value in scored.values()} == {"exact"} and len(scored) == 6
+    assert {(value["windows"], value["tokens"]) for value in scored.values()} == {(4, 64)}
+    assert all(0 < value["nats_per_token"] < 20 for value in scored.values())
     assert seed["methods"]["reference-human"]["metrics"]["gen_ppl"] > 1
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
     # each round's ratio to the reference's decode of the same round: exactly 1 for the reference itself

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.likelihood import HeldOutNLL
 from dihal_bench.base.files import (
     atomic_path,
     file_sha256,
@@ -141,6 +142,15 @@ class Baseline(ABC):
     @abstractmethod
     def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
         """Token ids (n, seq_len) in the backbone's vocabulary; same seed, same tokens."""
+
+    # -- likelihood ---------------------------------------------------------------------------
+    def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL | None:
+        """Optional: −log p of the held-out ``windows`` (n, T) of backbone ids, every token scored
+        (docs/method.md#test-nll): exact where the method's likelihood is tractable, its own upper
+        bound (``bound=True``) where it has an ELBO, any randomness drawn from ``seed``. None, the
+        default, reads "this method has no likelihood". The harness passes only windows whose every
+        token occurs in the training sequences, so a compact vocabulary covers them."""
+        return None
 
     # -- persistence --------------------------------------------------------------------------
     def save(self, directory: Path) -> None:

@@ -154,6 +154,7 @@ class MetricsSettings(_Table):
     max_length: int
     min_valid: int
     mauve_bootstrap: int
+    test_nll_windows: int
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ DEFAULTS: dict = {
                 "mauve": True, "latency_repeats": 3, "max_length": 1024,
                 # a method with fewer valid samples is flagged, not averaged (docs/method.md#metrics)
                 "min_valid": 16,
-                "mauve_bootstrap": 50},  # resamples for MAUVE's 95% interval; 0: none
+                "mauve_bootstrap": 50,  # resamples for MAUVE's 95% interval; 0: none
+                # held-out test windows each row's likelihood is computed on (docs/method.md#test-nll); 0: none
+                "test_nll_windows": 0},
 }
 
 #: sections whose contents are free-form (checked by the component that reads them)
@@ -355,6 +357,7 @@ RULES = {
     "metrics.max_length": lambda v, k, s: as_int(v, k, s, minimum=2),
     "metrics.min_valid": lambda v, k, s: as_int(v, k, s, minimum=1),
     "metrics.mauve_bootstrap": lambda v, k, s: as_int(v, k, s, minimum=0),
+    "metrics.test_nll_windows": lambda v, k, s: as_int(v, k, s, minimum=0),
 }
 
 

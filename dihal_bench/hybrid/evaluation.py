@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.bridge import HiddenStateBridge
+from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll, with_start
 from dihal_bench.base.memo import LastResult
 from dihal_bench.errors import DihalError
-from dihal_bench.hybrid.model import HybridLM
+from dihal_bench.hybrid.model import HybridLM, start_token_id
 
 #: token ids (B, T) -> next-token logits (B, T, V), e.g. ``backbone.logits`` or ``hybrid.logits``
 LogitsFn = Callable[[Tensor], Tensor]
@@ -42,6 +43,25 @@ def teacher_forced_nll(logits_fn: LogitsFn, sequences: Tensor, batch_size: int =
         nll_sum += nll.double().sum().cpu()
     nll_sum = nll_sum.item()
     return {"nll_sum": nll_sum, "tokens": tokens, "ppl": math.exp(nll_sum / tokens)}
+
+
+@torch.no_grad()
+def hybrid_test_nll(hybrid: HybridLM, windows: Tensor, batch_size: int = 16) -> HeldOutNLL:
+    """The hybrid's −log p of held-out ``windows`` (n, T), every token scored, the first from the
+    start token that generation starts from (docs/method.md#test-nll). Exact where the bridge's
+    ĥ_ℓ does not depend on its noise seed. Where it does, the logits are those of one noise draw
+    (the hybrid's ``noise_seed``), while generation draws a seed per batch: the sampled model is the
+    mixture over draws, and the NLL under one draw is, in expectation over draws, an upper bound on
+    the mixture's (Jensen), so it is labelled a bound."""
+    device = hybrid.backbone.device
+    start = start_token_id(hybrid.backbone.tokenizer)
+
+    def logits_of(batch: Tensor, noise_seed: int | None = None) -> Tensor:
+        return hybrid.logits(with_start(batch.to(device), start), noise_seed=noise_seed)[:, :-1]
+
+    probe = windows[:1]
+    noisy = not torch.equal(logits_of(probe, hybrid.noise_seed), logits_of(probe, hybrid.noise_seed + 1))
+    return next_token_nll(logits_of, windows, batch_size, bound=noisy)
 
 
 @torch.no_grad()

@@ -216,6 +216,7 @@ def method_table(group: Group) -> Table:
         # on the page one click away, as are the inference FLOPs and the absolute latency (the Degenerate column
         # says what a low count would, the latency ratio what inference costs): the main table fits 1400 px
         *([Column("valid_samples", "Valid samples", "count", main=False)] if "valid_samples" in frame else []),
+        *test_nll_columns(frame),
         Column("train_pflop", "Train PFLOP", description="training FLOPs in all, frozen passes and target "
                "extraction included, ÷ 10¹⁵ (docs/method.md#counting-compute)"),
         Column("gflop_per_token", "GFLOP/token", main=False, description="inference FLOPs per generated token, "
@@ -235,11 +236,35 @@ def method_table(group: Group) -> Table:
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
               "budget": [budget_label(rows) for _, rows in per_method],
               "degenerate": [flag_label(group.entries, name) for name, _ in per_method],
+              **({"test_nll_kind": [likelihood_kind(rows) for _, rows in per_method]} if has_test_nll(frame) else {}),
               **{f"{name}_intervals": [seed_intervals(rows, name, interval_kinds(group, method, name))
                                        for method, rows in per_method] for name in bounded}}
     numbers = stats.reset_index().assign(**labels)[["method", *labels, *stats.columns]]
     note = " ".join([protocol_note(group), METHODS_NOTE, *metric_notes(group)]).strip()
     return Table("methods", "Methods", note, numbers, labels, columns, group.seeds)
+
+
+TEST_NLL = Column("test_nll", "Test NLL ↓", description="nats per token of the held-out test windows, every token "
+                  "scored: exact for the autoregressive rows and the hybrids whose bridge draws no noise, an upper "
+                  "bound for the rest (MDLM's ELBO; NLL column), none for rows without a likelihood "
+                  "(docs/method.md#test-nll)")
+
+
+def has_test_nll(frame: pd.DataFrame) -> bool:
+    return "test_nll" in frame and bool(frame["test_nll"].astype(float).notna().any())
+
+
+def test_nll_columns(frame: pd.DataFrame) -> list[Column]:
+    """The held-out likelihood and whether it is exact or a bound, where some row has one."""
+    if not has_test_nll(frame):
+        return []
+    return [TEST_NLL, Column("test_nll_kind", "NLL", "text", main=False)]
+
+
+def likelihood_kind(rows: pd.DataFrame) -> str:
+    """A row's likelihood kind over its seeds: "exact", "bound", "—" for none, or each kind where seeds differ."""
+    kinds = sorted({kind for kind in rows["test_nll_kind"] if kind and kind != "none"})
+    return " / ".join(kinds) or "—"
 
 
 #: Metrics whose value says how close the samples are to the corpus's held-out text, not how good
@@ -450,12 +475,13 @@ def by_row_then_scale(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def nll_metric(group: Group) -> str | None:
-    """The group's first metric that is a held-out NLL (its key holds "nll"), if any."""
+    """The group's first metric that is an NLL (its key holds "nll", as the chain's markov_nll), if any."""
     return next((name for name in group.metrics if "nll" in name.lower()), None)
 
 
 #: the metrics the budget table shows, where the group's records carry them: Gen.PPL, entropy, MAUVE,
-#: then the held-out NLL (`nll_metric`) and the share of sample 8-grams copied from the training split
+#: an NLL metric (`nll_metric`), then (after the held-out likelihood, where rows have one) the share of
+#: sample 8-grams copied from the training split
 BUDGET_METRICS = ("gen_ppl", "entropy", "mauve")
 COPIED_METRIC = "copied_8grams"
 
@@ -468,12 +494,15 @@ def budget_table(group: Group) -> Table | None:
     if frame.empty:
         return None
     metrics = [name for name in (*BUDGET_METRICS, nll_metric(group), COPIED_METRIC) if name in group.metrics]
+    likelihood = [TEST_NLL] if has_test_nll(frame) else []
     columns = [Column("row", "Row", "text"), Column("scale", "Scale", "text"), Column("seeds", "Seeds", "count"),
                Column("degenerate", "Degenerate", "text"),
                Column("train_pflop", "Train PFLOP", description="training FLOPs in all ÷ 10¹⁵, counted from "
                       "the scale's own budget (docs/method.md#counting-compute)"),
-               *(metric_column(name, group.metrics[name]) for name in metrics)]
-    stats = summarise(frame, "method", ["train_pflop", *metrics])
+               *(metric_column(name, group.metrics[name]) for name in metrics if name != COPIED_METRIC),
+               *likelihood,
+               *(metric_column(name, group.metrics[name]) for name in metrics if name == COPIED_METRIC)]
+    stats = summarise(frame, "method", ["train_pflop", *metrics, *(column.key for column in likelihood)])
     per_label = frame.groupby("method", sort=False)
     seeds = per_label.size().to_numpy()  # one method row per pooled seed that has the label
     labels = {"row": [rows["row"].iat[0] for _, rows in per_label],

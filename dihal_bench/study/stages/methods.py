@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from dihal_bench.api.baseline import Baseline
 from dihal_bench.api.references import unigram_samples
 from dihal_bench.api.sampling import special_ids
 from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint
+from dihal_bench.hybrid.evaluation import hybrid_test_nll
 from dihal_bench.hybrid.model import HybridLM, skip_control
 from dihal_bench.hybrid.training import BridgeSpec, evaluate_layer, packed_split
 from dihal_bench.registry.plugins import get_registry
@@ -19,6 +21,7 @@ from dihal_bench.study.identities import (
     targets_identity,
 )
 from dihal_bench.study.jobs import spec_hash
+from dihal_bench.study.stages.likelihood import test_nll_job
 from dihal_bench.study.protocol import baseline_options
 from dihal_bench.study.run import Run
 from dihal_bench.study.samples import draw_samples, write_samples
@@ -64,16 +67,18 @@ def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: i
 
     trained = run.store.run("dihal-train", train_job, train_work)
 
-    def sample_work(folder: Path) -> dict:
+    def hybrid() -> HybridLM:
         bridge, _ = load_bridge_checkpoint(run.store.resolve(trained["checkpoint"]), run.backbone, layer=layer)
-        hybrid = HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough,
-                          steps=spec.sample_steps)
-        return write_samples(run, folder, draw_samples(run, hybrid, seed))
+        return HybridLM(run.backbone, bridge, layer, sink_passthrough=spec.sink_passthrough, steps=spec.sample_steps)
 
     sample_job = {"train": train_job, **sampling_identity(config), "seed": seed}
-    samples = run.store.run("samples", sample_job, sample_work)
+    samples = run.store.run("samples", sample_job,
+                            lambda folder: write_samples(run, folder, draw_samples(run, hybrid(), seed)))
+    likelihood = test_nll_job(run, {"train": train_job, "sample_steps": spec.sample_steps}, budget, seed,
+                              lambda windows: hybrid_test_nll(hybrid(), windows, config.sampling.batch_size))
     return {"kind": kind, "layer": layer, "in_budget": True, "train": trained, "bridge": spec.name,
             "sample_steps": spec.sample_steps, "parameters": {"bridge": trained["parameters"]}, "samples": samples,
+            "test_nll": likelihood,
             "train_job": spec_hash("dihal-train", train_job), "samples_job": spec_hash("samples", sample_job)}
 
 def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer: int, seed: int,
@@ -85,15 +90,18 @@ def control_method(run: Run, name: str, spec: BridgeSpec, budget: Budget, layer:
         regressor = dataclasses.replace(spec, name=REGRESSOR_BRIDGE, options=dict(spec.options), sample_steps=None)
         return dihal_method(run, regressor, budget, layer, seed, data_layers, targets, kind="control")
 
-    def sample_work(folder: Path) -> dict:
-        skip = skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough)
-        return write_samples(run, folder, draw_samples(run, skip, seed))
+    def skip():
+        return skip_control(run.backbone, layer, sink_passthrough=spec.sink_passthrough)
 
     sample_job = {**run.identity(), "control": name, "layer": layer, "sink_passthrough": spec.sink_passthrough,
                   **sampling_identity(run.config), "seed": seed}
-    samples = run.store.run("samples", sample_job, sample_work)
+    samples = run.store.run("samples", sample_job,
+                            lambda folder: write_samples(run, folder, draw_samples(run, skip(), seed)))
+    likelihood = test_nll_job(run, {"control": name, "layer": layer, "sink_passthrough": spec.sink_passthrough},
+                              budget, seed,
+                              lambda windows: hybrid_test_nll(skip(), windows, run.config.sampling.batch_size))
     return {"kind": "control", "layer": layer, "in_budget": False, "parameters": {}, "samples": samples,
-            "samples_job": spec_hash("samples", sample_job)}
+            "test_nll": likelihood, "samples_job": spec_hash("samples", sample_job)}
 
 def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     """A reference row that trains nothing (docs/method.md#references). ``unigram``: i.i.d.
@@ -113,7 +121,7 @@ def reference_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
     sample_job = {**run.identity(), "reference": name, "samples": count, "seq_len": length, "seed": seed,
                   **({"train_seq_len": budget.seq_len} if name == "unigram" else {})}
     samples = run.store.run("samples", sample_job, work)
-    return {"kind": "reference", "in_budget": False, "parameters": {}, "samples": samples,
+    return {"kind": "reference", "in_budget": False, "parameters": {}, "samples": samples, "test_nll": None,
             "samples_job": spec_hash("samples", sample_job)}
 
 def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
@@ -141,16 +149,24 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
 
     trained = run.store.run("baseline-train", train_job, train_work)
 
-    def sample_work(folder: Path) -> dict:
+    def trained_model() -> Baseline:
         baseline = build()
         baseline.load(run.store.resolve(trained["model_dir"]))
-        ids = baseline.sample(sampling.samples, sampling.seq_len, seed, batch_size=sampling.batch_size,
-                              progress=run.progress)
+        return baseline
+
+    def sample_work(folder: Path) -> dict:
+        ids = trained_model().sample(sampling.samples, sampling.seq_len, seed, batch_size=sampling.batch_size,
+                                     progress=run.progress)
         return write_samples(run, folder, ids)
 
     sample_job = {"train": train_job, "samples": sampling.samples, "seq_len": sampling.seq_len, "seed": seed,
                   "options": {k: v for k, v in options.items() if k in sampling_only}}
     samples = run.store.run("samples", sample_job, sample_work)
+    # a method that does not override Baseline.test_nll has no likelihood: no job to run
+    likelihood = None if cls.test_nll is Baseline.test_nll else test_nll_job(
+        run, {"train": train_job}, budget, seed,
+        lambda windows: trained_model().test_nll(windows, seed, batch_size=sampling.batch_size))
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
-            "parameters": trained["parameters"], "samples": samples, "samples_job": spec_hash("samples", sample_job)}
+            "parameters": trained["parameters"], "samples": samples, "test_nll": likelihood,
+            "samples_job": spec_hash("samples", sample_job)}
 

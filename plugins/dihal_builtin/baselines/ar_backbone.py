@@ -13,9 +13,11 @@ from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.baseline import CONFIG_FILE, Baseline, read_config
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.likelihood import HeldOutNLL
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
+from dihal_bench.hybrid.evaluation import hybrid_test_nll
 from dihal_bench.hybrid.model import intact_control
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult
@@ -78,6 +80,10 @@ class ARBackbone(Baseline):
     def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:
         return self.lm.generate(n, seq_len, temperature=self.settings.temperature, top_p=self.settings.top_p,
                                 seed=seed, batch_size=batch_size, progress=progress)
+
+    def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL:
+        """Exact: the backbone's own next-token probabilities, the first token from the start token."""
+        return hybrid_test_nll(self.lm, windows, batch_size)
 
     def save(self, directory: Path) -> None:
         write_json_atomic(Path(directory) / CONFIG_FILE, self.config())

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from dihal_bench import hookimpl
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll
 from dihal_bench.api.sampling import sample_next_token
 from dihal_builtin import compat
 from dihal_builtin.baselines import flops
@@ -41,6 +42,15 @@ class ARLoRA(LoRABaseline):
         ids = batch["ids"]
         logits = self.lm(input_ids=self.with_start(ids[:, :-1]), use_cache=False).logits
         return F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+
+    @torch.no_grad()
+    def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL:
+        """Exact: the adapted model's next-token probabilities, the first token from the start token
+        as in training."""
+        self.lm.eval()
+        device = self.backbone.device
+        return next_token_nll(lambda batch: self.lm(input_ids=self.with_start(batch[:, :-1].to(device)),
+                                                    use_cache=False).logits, windows, batch_size)
 
     @torch.no_grad()
     def sample(self, n: int, seq_len: int, seed: int, batch_size: int = 16, progress: bool = False) -> Tensor:

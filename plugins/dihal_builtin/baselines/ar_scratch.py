@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll
 from dihal_bench.api.sampling import check_sampling, sample_next_token
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
@@ -160,6 +161,14 @@ class ARScratch(CompactVocabularyBaseline):
         ids = batch["ids"]
         logits = self.lm(ids[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+    @torch.no_grad()
+    def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL:
+        """Exact: the network's next-token probabilities over the compact vocabulary (zero for any
+        other token), the first token from the start vector, as in training."""
+        self.module().eval()
+        ids = self.built().to_compact(windows.to(self.backbone.device))
+        return next_token_nll(lambda batch: self.lm(batch[:, :-1]), ids, batch_size)
 
     # -- sampling -----------------------------------------------------------------------------
     def calls_per_batch(self, seq_len: int) -> int:

@@ -1,0 +1,67 @@
+"""Held-out likelihoods (docs/method.md#test-nll): what a method says its test windows cost.
+
+Every method that has a likelihood scores the same windows the same way: all T tokens of each
+window, in nats, an autoregressive method predicting the first from its start (the start token,
+or a learned start vector), a diffusion method bounding −log p(window) by its own ELBO. The sum
+over windows divided by the tokens scored is the row's ``test_nll`` in nats per token of the
+backbone's tokenizer, labelled ``exact`` or ``bound`` (an upper bound on the NLL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dihal_bench.errors import DihalError
+
+#: windows (n, T) -> logits (n, T, V) whose row t predicts token t of the window from the tokens before it
+NextTokenLogits = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class HeldOutNLL:
+    """Σ −log p over the scored tokens (``nll_sum``, nats), how many tokens that is, and whether the
+    sum is an upper bound (an ELBO, or one fixed draw of a noisy model's noise) or exact."""
+
+    nll_sum: float
+    tokens: int
+    bound: bool
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or not self.nll_sum >= 0:  # `not >=` also refuses NaN
+            raise DihalError(f"a held-out NLL needs at least one token and a sum ≥ 0, got {self.nll_sum} "
+                             f"over {self.tokens} tokens")
+
+    @property
+    def nats_per_token(self) -> float:
+        return self.nll_sum / self.tokens
+
+    def to_dict(self) -> dict:
+        return {"nats_per_token": self.nats_per_token, "nll_sum": self.nll_sum, "tokens": self.tokens,
+                "kind": "bound" if self.bound else "exact"}
+
+
+def with_start(windows: Tensor, start: int) -> Tensor:
+    """``windows`` (n, T) with the token ``start`` before each: (n, T + 1)."""
+    return torch.cat([torch.full_like(windows[:, :1], start), windows], dim=1)
+
+
+@torch.no_grad()
+def next_token_nll(logits_of: NextTokenLogits, windows: Tensor, batch_size: int = 16, *,
+                   bound: bool = False) -> HeldOutNLL:
+    """Σ_t −log p(x_t | x_<t) over every token of every window, accumulated in float64 so that
+    the sum does not depend on the batch size beyond each batch's float32 rounding."""
+    total = torch.zeros((), dtype=torch.float64)
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start:start + batch_size]
+        logits = logits_of(batch).float()
+        if logits.shape[:2] != batch.shape:
+            raise DihalError(f"next-token logits of shape {tuple(logits.shape)} for windows {tuple(batch.shape)}: "
+                             f"one row per window token is needed")
+        nll = F.cross_entropy(logits.flatten(0, 1), batch.to(logits.device).flatten(), reduction="none")
+        total += nll.double().sum().cpu()
+    return HeldOutNLL(total.item(), windows.numel(), bound)

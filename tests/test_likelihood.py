@@ -1,0 +1,198 @@
+"""Held-out likelihoods (docs/method.md#test-nll) against known answers: a uniform model's NLL is
+log V per token; the intact backbone's through the hybrid's path is the backbone's own; MDLM's bound
+with the chain's exact posterior is the chain's NLL, with a denoiser that ignores its input the
+unigram NLL; and on the chain (entropy rate known) an autoregressive model trained from scratch
+approaches the rate while MDLM's bound stays above the exact NLL of the same windows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from dihal_builtin.baselines.ar_scratch import ARScratch
+from dihal_builtin.baselines.mdlm import MDLM, masked_diffusion_bound
+
+from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll, with_start
+from dihal_bench.errors import DihalError
+from dihal_bench.hybrid.evaluation import hybrid_test_nll, teacher_forced_nll
+from dihal_bench.hybrid.model import HybridLM, intact_control, start_token_id
+from dihal_bench.numerics.markov import MarkovChain
+from dihal_bench.training.budget import Budget
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+#: 16 states, 3 successors each: entropy rate 1.5 log 2 = 1.040 nats per token
+CHAIN = MarkovChain(16, (0.5, 0.25, 0.25), seed=0)
+#: the character tokenizer's first ordinary id: chain state s is token FIRST + s
+FIRST = 3
+
+
+def chain_nll(windows: torch.Tensor) -> torch.Tensor:
+    """The chain's exact −log p of each window of states (n,): log 16 for the first state (the
+    stationary law is uniform here), then each transition's cost."""
+    costs = -CHAIN.log_transition[windows[:, :-1], windows[:, 1:]].sum(1)
+    return math.log(CHAIN.states) + costs.double()
+
+
+def test_a_uniform_model_costs_log_v_per_token_at_any_batch_size():
+    windows = torch.randint(0, 7, (5, 4), generator=torch.Generator().manual_seed(0))
+    uniform = lambda batch: torch.zeros(*batch.shape, 7)  # noqa: E731
+    for batch_size in (1, 2, 16):
+        scored = next_token_nll(uniform, windows, batch_size)
+        assert scored.tokens == 20 and not scored.bound
+        assert scored.nats_per_token == pytest.approx(math.log(7), rel=1e-6)  # float32 log-softmax of 7 zeros
+    assert scored.to_dict()["kind"] == "exact"
+
+
+def test_a_sum_that_is_not_a_number_or_no_tokens_is_refused():
+    with pytest.raises(DihalError, match="at least one token"):
+        HeldOutNLL(float("nan"), 10, bound=False)
+    with pytest.raises(DihalError, match="at least one token"):
+        HeldOutNLL(1.0, 0, bound=True)
+
+
+def test_logits_that_do_not_match_the_windows_are_refused():
+    with pytest.raises(DihalError, match="one row per window token"):
+        next_token_nll(lambda batch: torch.zeros(len(batch), 3, 7), torch.zeros(2, 4, dtype=torch.long))
+
+
+def test_the_intact_backbone_through_the_hybrid_path_is_the_backbone_itself(llama_backbone):
+    """Scored from the start token, every window token predicted: the same sum as the backbone's
+    teacher-forced NLL of the windows with the start token before them (float32 logits, float64 sums)."""
+    windows = torch.randint(FIRST, 60, (6, 9), generator=torch.Generator().manual_seed(1))
+    scored = hybrid_test_nll(intact_control(llama_backbone), windows, batch_size=4)
+    direct = teacher_forced_nll(llama_backbone.logits, with_start(windows, start_token_id(llama_backbone.tokenizer)))
+    assert not scored.bound and scored.tokens == direct["tokens"] == 54
+    assert scored.nll_sum == pytest.approx(direct["nll_sum"], rel=1e-5)
+
+
+class NoisyBridge:
+    """A stand-in lower stack whose output depends on the noise seed, as an ancestral bridge's does."""
+
+    def __init__(self):
+        self.target_mean = torch.zeros(1)
+
+    def sample(self, cond, steps=None, *, sink=None, generator=None):
+        return cond + torch.randn(cond.shape, generator=generator)
+
+
+def test_a_bridge_whose_states_follow_its_noise_is_labelled_a_bound(llama_backbone, monkeypatch):
+    import dihal_bench.hybrid.model as model
+
+    monkeypatch.setattr(model, "HiddenStateBridge", NoisyBridge)  # given a generator, as a real bridge is
+    noisy = HybridLM(llama_backbone, NoisyBridge(), 1, sink_passthrough=False)
+    windows = torch.randint(FIRST, 60, (2, 5), generator=torch.Generator().manual_seed(2))
+    assert hybrid_test_nll(noisy, windows).bound
+
+
+def exact_log_probs(x_t: torch.Tensor) -> torch.Tensor:
+    """log p(x₀ | x_t) of the chain's windows (mask id 16): its forward-backward posterior given
+    nothing at the masked positions and the observed state at the others."""
+    masked = x_t == CHAIN.states
+    observed = torch.nn.functional.one_hot(x_t.clamp_max(CHAIN.states - 1), CHAIN.states).bool()
+    evidence = torch.where(masked[..., None] | observed, 0.0, float("-inf")).double()
+    return CHAIN.posterior(evidence).log()
+
+
+def within_standard_errors(estimates: torch.Tensor, expected: torch.Tensor, errors: float = 4.0) -> bool:
+    """Whether the mean of the per-window ``estimates`` is within ``errors`` standard errors of the
+    mean of the per-window ``expected`` values (the windows are independent draws)."""
+    difference = estimates - expected
+    return abs(difference.mean().item()) <= errors * difference.std().item() / math.sqrt(len(difference))
+
+
+def test_the_bound_with_the_exact_posterior_is_the_chains_nll():
+    """The masked-diffusion bound is tight for the exact denoiser: its expectation over t and the
+    masks is −log p(window) (the chain's exact NLL)."""
+    windows = CHAIN.sample(256, 10, torch.Generator().manual_seed(3))
+    bound = masked_diffusion_bound(exact_log_probs, windows, CHAIN.states, torch.Generator().manual_seed(0), 8)
+    assert within_standard_errors(bound, chain_nll(windows))
+
+
+def test_the_bound_of_a_denoiser_that_ignores_its_input_is_its_unigram_nll():
+    """Given nothing but the mask, each masked token costs −log π(x): in expectation the 1/t weight
+    undoes the masking rate t, and the bound is Σᵢ −log π(xᵢ) exactly, above the chain's own NLL."""
+    log_pi = torch.log_softmax(torch.randn(CHAIN.states, generator=torch.Generator().manual_seed(4)).double(), 0)
+
+    def unigram(x_t: torch.Tensor) -> torch.Tensor:
+        observed = torch.nn.functional.one_hot(x_t.clamp_max(CHAIN.states - 1), CHAIN.states).bool()
+        carried = torch.where(observed, 0.0, float("-inf")).double()
+        return torch.where((x_t == CHAIN.states)[..., None], log_pi.expand(*x_t.shape, -1), carried)
+
+    windows = CHAIN.sample(256, 10, torch.Generator().manual_seed(5))
+    bound = masked_diffusion_bound(unigram, windows, CHAIN.states, torch.Generator().manual_seed(1), 8)
+    expected = -log_pi[windows].sum(1)
+    assert within_standard_errors(bound, expected)
+    assert bound.mean() > chain_nll(windows).mean() + 1.0
+
+
+# -- trained on the chain: the known entropy rate ------------------------------------------------
+
+TINY = {"d_model": 32, "layers": 2, "heads": 2}
+#: 320 training windows of 16 states, 15 passes in 300 steps of 16
+CHAIN_BUDGET = Budget(steps=300, batch_size=16, seq_len=16, lr=3e-3, epochs=15, seed=0)
+
+
+@pytest.fixture(scope="module")
+def chain_windows() -> tuple[torch.Tensor, torch.Tensor]:
+    """(training, test) windows of 16 chain states as token ids of the tiny backbone."""
+    train = CHAIN.sample(CHAIN_BUDGET.distinct_sequences, 16, torch.Generator().manual_seed(6))
+    test = CHAIN.sample(128, 16, torch.Generator().manual_seed(7))
+    return train + FIRST, test + FIRST
+
+
+def per_window(method, windows: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """The method's test NLL of each window alone (n,), in nats."""
+    return torch.tensor([method.test_nll(window[None], seed).nll_sum for window in windows], dtype=torch.float64)
+
+
+def test_an_ar_model_trained_on_the_chain_approaches_its_entropy_rate(llama_backbone, chain_windows):
+    """Exact likelihood: never below the chain's own NLL of the same windows beyond noise (its excess
+    is a KL divergence in expectation), and after 300 steps within 0.1 nats per token of it."""
+    train, test = chain_windows
+    model = ARScratch(llama_backbone, CHAIN_BUDGET, seed=0, **TINY)
+    model.fit(train, progress=False)
+    scored = model.test_nll(test, seed=0)
+    assert not scored.bound and scored.tokens == test.numel()
+    model_nll, exact = per_window(model, test), chain_nll(test - FIRST)
+    assert scored.nll_sum == pytest.approx(model_nll.sum().item(), rel=1e-5)
+    excess = (model_nll - exact) / test.shape[1]
+    assert excess.mean() > -4 * excess.std() / math.sqrt(len(excess))
+    assert excess.mean() < 0.1, f"{excess.mean():.3f} nats per token above the chain"
+
+
+def test_mdlms_bound_on_the_chain_stays_above_the_exact_nll_and_falls_with_training(llama_backbone,
+                                                                                     chain_windows):
+    train, test = chain_windows
+    exact = chain_nll(test - FIRST)
+    untrained = MDLM(llama_backbone, CHAIN_BUDGET, seed=0, **TINY, steps=8)
+    untrained.build_for(train)
+    untrained.trained = True
+    model = MDLM(llama_backbone, CHAIN_BUDGET, seed=0, **TINY, steps=8)
+    model.fit(train, progress=False)
+    before, after = per_window(untrained, test), per_window(model, test)
+    assert model.test_nll(test, seed=0).bound
+    excess = (after - exact) / test.shape[1]
+    assert excess.mean() > -4 * excess.std() / math.sqrt(len(excess))
+    # untrained it is log 16 = 2.77 nats per token (a uniform denoiser); 1.98 after 300 steps, measured
+    assert after.mean() < before.mean() - 0.5 * test.shape[1]
+
+
+def test_an_ar_rows_exact_nll_is_its_training_loss_on_the_same_windows(llama_backbone, chain_windows):
+    """ar-scratch and ar-lora are trained on the mean next-token cross-entropy of all T tokens of a
+    window, the first from their start: their test NLL of windows is that loss times the tokens
+    (in eval mode; float32 logits, float64 sums)."""
+    from dihal_builtin.baselines.ar_lora import ARLoRA
+
+    train, test = chain_windows
+    scratch = ARScratch(llama_backbone, CHAIN_BUDGET, seed=0, **TINY)
+    scratch.build_for(train)
+    lora = ARLoRA(llama_backbone, Budget(steps=1, batch_size=4, seq_len=16, param_allowance=20_000), seed=0)
+    for model in (scratch, lora):
+        model.module().eval()
+        batch = {key: value[:8] for key, value in model.training_data(test).items()}
+        with torch.no_grad():
+            loss = model.loss(batch, torch.Generator().manual_seed(0)).item()
+        scored = model.test_nll(test[:8], seed=0)
+        assert not scored.bound and scored.nats_per_token == pytest.approx(loss, rel=1e-5), model.name
