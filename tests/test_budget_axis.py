@@ -183,3 +183,20 @@ def test_a_scaled_dihal_row_is_named_and_budgeted_with_its_scale():
     assert method_name("dihal-chosen@4x", rows) == "DiHAL@4x (ℓ*=3)"
     assert method_name("dihal-chosen", rows.assign(scale=1)) == "DiHAL (ℓ*=3)"
     assert budget_label(rows) == "matched ×4" and budget_label(rows.assign(scale=1)) == "matched"
+
+
+def test_a_readme_block_holds_the_budget_table_and_a_group_without_scales_is_refused(scaled, tmp_path):
+    """The README's headline curve is generated like its other tables (a ``results:GROUP/budget`` block);
+    a block naming the budget table of a group whose rows have one scale each is an error naming the
+    tables the group has."""
+    from dihal_bench.leaderboard.readme import embed_results
+
+    groups = read_groups(scaled, lambda message: None)
+    block = f"<!-- results:{GROUP}/budget:start -->\nstale\n<!-- results:{GROUP}/budget:end -->\n"
+    filled = embed_results("Prose.\n" + block, groups)
+    assert "stale" not in filled and "| x | 4× | 2 |" in re.sub(r" +", " ", filled)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    write_record(plain, "plain.json", [seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    with pytest.raises(DihalError, match=r"/budget: that group has no 'budget' table \(a block can hold: layers\)"):
+        embed_results(block, read_groups(plain, lambda message: None))

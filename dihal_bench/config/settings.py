@@ -145,6 +145,14 @@ class ScalesSettings(_Table):
 
 
 @dataclass(frozen=True)
+class FrontierSettings(_Table):
+    """``[frontier]``: the sampling settings every eligible row is also sampled at (docs/method.md#frontiers)."""
+
+    temperatures: tuple[float, ...]
+    diffusion_steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class MetricsSettings(_Table):
     """``[metrics]``: which metrics score the samples, and how."""
 
@@ -178,6 +186,7 @@ class SuiteConfig(_Table):
     methods: MethodsSettings
     sampling: SamplingSettings
     scales: ScalesSettings
+    frontier: FrontierSettings
     metrics: MetricsSettings
 
     def budget_table(self, section: str) -> Mapping[str, Any]:

@@ -89,6 +89,10 @@ DEFAULTS: dict = {
     # budget scales (docs/method.md#budget-scales): every trained row at each factor of the matched
     # budget, or at its own list in `rows` (row label -> factors)
     "scales": {"factors": [1], "rows": {}},
+    # quality frontiers (docs/method.md#frontiers): every scale-1 row that draws tokens from a next-token
+    # distribution resampled at each of these temperatures, every diffusion baseline at each of these
+    # numbers of denoising steps, each point scored by the suite's metrics ([]: none)
+    "frontier": {"temperatures": [], "diffusion_steps": []},
     "metrics": {"names": [DEFAULT_METRICS],
                 "mauve": True, "latency_repeats": 3, "max_length": 1024,
                 # a method with fewer valid samples is flagged, not averaged (docs/method.md#metrics)
@@ -281,6 +285,12 @@ def _counts(value, key: str, source: str) -> list[int]:
     return sorted({as_int(v, key, source, minimum=1) for v in value})
 
 
+def _temperatures(value, key: str, source: str) -> list[float]:
+    if not isinstance(value, list):
+        raise fail(source, key, "a list of temperatures > 0", value)
+    return sorted({as_float(v, key, source, low=0.0, low_open=True) for v in value})
+
+
 def _factors(value, key: str, source: str) -> list[int]:
     factors = _counts(value, key, source)
     if not factors:
@@ -349,6 +359,8 @@ RULES = {
     "sampling.temperature": lambda v, k, s: as_float(v, k, s, low=0.0, low_open=True),
     "sampling.top_p": lambda v, k, s: as_float(v, k, s, low=0.0, high=1.0, low_open=True),
     "sampling.diffusion_steps": lambda v, k, s: as_int(v, k, s, minimum=1),
+    "frontier.temperatures": _temperatures,
+    "frontier.diffusion_steps": _counts,
     "scales.factors": _factors,
     "scales.rows": _row_factors,
     "metrics.names": lambda v, k, s: _metric_names(_names(v, k, s, allow_empty=True)),

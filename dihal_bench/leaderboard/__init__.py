@@ -58,7 +58,7 @@ PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.
 TOP_LEVEL = {"index.md": "md", "leaderboard.html": "html", "leaderboard.png": "html"}
 #: The tables a group can have (`aggregate.tables`).
-TABLE_NAMES = ("methods", "metrics", "budget", "steps", "layers", "proxies")
+TABLE_NAMES = ("methods", "metrics", "budget", "steps", "frontier", "layers", "proxies")
 
 
 def check_formats(formats: Iterable[str]) -> list[str]:

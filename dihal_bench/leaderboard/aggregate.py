@@ -388,6 +388,32 @@ def steps_table(group: Group) -> Table:
     return Table("steps", "Sampling steps K", STEPS_NOTE, numbers, labels, columns, group.seeds)
 
 
+FRONTIER_NOTE = ("Each row resampled at other sampling settings with the same weights (docs/method.md#frontiers): "
+                 "temperature for the rows that draw tokens from a next-token distribution, denoising steps for "
+                 "the diffusion baselines; the other settings are the suite's. Compare rows at matched entropy, "
+                 "not at one temperature: a lower temperature buys Gen.PPL with entropy.")
+#: what a frontier line is read by, in this order: quality, its trade-off, closeness to the corpus
+FRONTIER_METRICS = ("gen_ppl", "entropy", "mauve")
+
+
+def frontier_table(group: Group) -> Table:
+    """One line per (row, axis, setting), each metric pooled over the seeds; a row's own setting marked."""
+    frame = pd.DataFrame(group.rows["frontier"])
+    frame["point"] = frame["method"] + " " + frame["axis"] + " " + frame["setting"].astype(str)
+    metrics = [name for name in FRONTIER_METRICS if name in group.metrics]
+    stats = summarise(frame, "point", metrics)
+    points = frame.groupby("point", sort=False)
+    axis_names = {"temperature": "temperature", "diffusion_steps": "steps"}
+    labels = {"method": [rows["method"].iat[0] for _, rows in points],
+              "axis": [axis_names[rows["axis"].iat[0]] for _, rows in points],
+              "setting": [f"{rows['setting'].iat[0]:g}{' (the suite’s)' if rows['suite_setting'].any() else ''}"
+                          for _, rows in points]}
+    numbers = stats.reset_index().assign(**labels)[["point", *labels, *stats.columns]]
+    columns = [Column("method", "Method", "text"), Column("axis", "Axis", "text"), Column("setting", "Setting", "text"),
+               *(metric_column(name, group.metrics[name]) for name in metrics)]
+    return Table("frontier", "Frontiers", FRONTIER_NOTE, numbers, labels, columns, group.seeds)
+
+
 def proxy_table(group: Group) -> Table:
     keys = ["spearman", "kendall", "partial_spearman_given_depth", "swept_layers"]
     frame = pd.DataFrame(group.rows["proxies"], columns=["record", "seed", "proxy", *keys])
@@ -525,7 +551,9 @@ def tables(group: Group) -> list[Table]:
     methods = [method_table(group), metric_table(group)] if group.rows["methods"] else []
     budget = budget_table(group) if group.rows["methods"] else None
     steps = [steps_table(group)] if group.rows["steps"] else []
-    return [*methods, *([budget] if budget is not None else []), *steps, layer_table(group), proxy_table(group)]
+    frontier = [frontier_table(group)] if group.rows["frontier"] else []
+    return [*methods, *([budget] if budget is not None else []), *steps, *frontier, layer_table(group),
+            proxy_table(group)]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -62,7 +62,7 @@ STEPS_KEYS = ("bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_t
 #: Keys of the layer and z-score rows besides the proxies': a proxy may not take one.
 LAYER_ROW_KEYS = {"record", "seed", "layer", "chosen", "score", *SWEEP_KEYS}
 #: The kinds of flat rows a record is read into.
-ROW_KINDS = ("methods", "layers", "proxies", "z", "steps")
+ROW_KINDS = ("methods", "layers", "proxies", "z", "steps", "frontier")
 
 
 @dataclass
@@ -398,6 +398,7 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
                              **method_values(method, metrics), **compute_values(record, entry, name)}
                             for name, method in entry["methods"].items()]
         rows["steps"] += [{**tag, **steps_values(point, suite_steps)} for point in entry.get("steps_axis") or []]
+        rows["frontier"] += [{**tag, **point} for point in frontier_values(entry, record["config"], metrics)]
         layers, z = layer_values(entry["locate"], entry["sweep"]["layers"])
         rows["layers"] += [{**tag, **row} for row in layers]
         rows["z"] += [{**tag, **row} for row in z]
@@ -513,6 +514,29 @@ def steps_values(point: dict, suite_steps) -> dict:
     steps = _integer(point["steps"], "steps-axis steps")
     return {"steps": steps, "sampler": str(point.get("sampler") or ""), "suite_k": steps == suite_steps,
             "layer": _integer(point["layer"], "steps-axis layer"), **{key: _number(point.get(key)) for key in STEPS_KEYS}}
+
+
+#: a frontier point's sampling settings (docs/method.md#frontiers)
+FRONTIER_AXES = ("temperature", "diffusion_steps")
+
+
+def frontier_values(entry: dict, config: dict, metrics: list[str]) -> list[dict]:
+    """The seed's frontier points as rows (method, axis, setting, each metric), each row's own point
+    (the suite's setting) first on every axis it has points on, so that a frontier includes the row."""
+    points = entry.get("frontier") or []
+    sampling = config.get("sampling") or {}
+    rows = []
+    for method in dict.fromkeys(point["method"] for point in points):
+        own = entry["methods"][method]
+        for axis in FRONTIER_AXES:
+            mine = [point for point in points if point["method"] == method and axis in point]
+            if not mine:
+                continue
+            made = [(sampling.get(axis), own["metrics"], True), *((point[axis], point["metrics"], False) for point in mine)]
+            rows += [{"method": method, "axis": axis, "setting": _number(value), "suite_setting": suite,
+                      **{metric: _number(values.get(metric)) for metric in metrics}}
+                     for value, values, suite in sorted(made, key=lambda made: _number(made[0]))]
+    return rows
 
 
 def layer_values(locate: dict, sweep_rows: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -6,7 +6,8 @@ A block ``<!-- results:FOLDER:start -->`` … ``<!-- results:FOLDER:end -->`` ho
 table of the leaderboard group whose folder is FOLDER (``leaderboards/FOLDER/``): Gen.PPL, entropy,
 pooled diversity, MAUVE with its per-seed interval and the latency ratio, each cell as the
 leaderboard's (mean ± std over the pooled seeds). ``results:FOLDER/TABLE`` holds another of the
-group's tables whole (``steps``: the sampling-steps axis). ``<!-- claims:start -->`` …
+group's tables whole (``steps``: the sampling-steps axis; ``layers``; ``budget``: each scaled row
+through its budget scales). ``<!-- claims:start -->`` …
 ``<!-- claims:end -->`` holds the claims table. ``dihal-bench leaderboard --readme FILE`` (once per
 file) rewrites every block of every file named; the prose around them is the author's.
 """
@@ -17,7 +18,14 @@ import re
 from collections.abc import Mapping
 
 from dihal_bench.errors import DihalError
-from dihal_bench.leaderboard.aggregate import layer_table, method_table, steps_table
+from dihal_bench.leaderboard.aggregate import (
+    Table,
+    budget_table,
+    frontier_table,
+    layer_table,
+    method_table,
+    steps_table,
+)
 from dihal_bench.leaderboard.claims import START_MARKER, embed, evaluate, render
 from dihal_bench.leaderboard.read import Group
 from dihal_bench.leaderboard.render import markdown_body, seeds_note
@@ -44,18 +52,25 @@ def results_table(group: Group) -> str:
     return f"{seeds_note(table)}\n\n{markdown_body(table, columns)}"
 
 
-#: the tables a ``results:FOLDER/TABLE`` block can hold whole; each is made of the group's rows of its name
-WHOLE_TABLES = {"steps": steps_table, "layers": layer_table}
+#: the tables a ``results:FOLDER/TABLE`` block can hold whole: name -> (the kind of the group's rows it is
+#: made of, its builder, which returns None where the rows make no such table)
+WHOLE_TABLES = {"steps": ("steps", steps_table), "layers": ("layers", layer_table),
+                "budget": ("methods", budget_table), "frontier": ("frontier", frontier_table)}
+
+
+def whole_table(group: Group, name: str) -> Table | None:
+    """The group's table ``name``, or None where the group has none."""
+    rows, build = WHOLE_TABLES.get(name, (None, None))
+    return build(group) if build is not None and group.rows[rows] else None
 
 
 def group_table(group: Group, name: str) -> str:
     """The group's table ``name`` whole, after the line that says what its cells are."""
-    build = WHOLE_TABLES.get(name)
-    if build is None or not group.rows[name]:
-        have = [table for table in WHOLE_TABLES if group.rows[table]]
+    table = whole_table(group, name)
+    if table is None:
+        have = [other for other in WHOLE_TABLES if whole_table(group, other) is not None]
         raise DihalError(f"README block results:{group.folder}/{name}: that group has no {name!r} table "
                          f"(a block can hold: {', '.join(have) or 'none'})")
-    table = build(group)
     return f"{seeds_note(table)}\n\n{markdown_body(table)}"
 
 

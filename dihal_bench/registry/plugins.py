@@ -100,6 +100,9 @@ META_RULES: dict[str, dict[str, MetaRule]] = {
         # take is refused before a load of seconds to minutes (dihal_bench.registry.resolve)
         "describe": MetaRule(callable, "a callable(*arguments) -> {'layers': int, 'width': int} or None"),
         "tokenizer": MetaRule(callable, "a callable(*arguments) -> the backbone's tokenizer or None"),
+        # what a suite naming this backbone as its evaluator loads instead (resolve.load_evaluator)
+        "evaluator": MetaRule(callable, "a callable(*arguments, device=..., dtype=...) -> the model that scores "
+                                        "samples (tokenizer, device, logits_and_final_hidden, final_hidden)"),
     },
     "corpus": {"description": DESCRIPTION, "handles": HANDLES},
     "proxy": {

@@ -25,6 +25,32 @@ def load_backbone(name: str, **options) -> Backbone:
     return backbone
 
 
+def load_evaluator(name: str, **options):
+    """The model that scores and featurises a suite's samples (``dihal_bench.api.metrics.Evaluator``):
+    what the backbone plugin's ``evaluator`` hook builds from the factory's arguments and ``options``
+    where it declares one, else the backbone itself (`load_backbone`). **Why:** the metrics read only
+    the logits and the final state, so a scorer need not be enterable midway; the built-in ``hf``
+    hook also loads causal LMs a backbone cannot be, such as GPT-2, the field's Gen.PPL scorer. A
+    hook that builds a backbone has it checked as `load_backbone` does."""
+    from dataclasses import replace
+
+    from dihal_bench.api.conformance import check_states
+
+    registration, arguments = get_registry().resolve("backbone", name)
+    hook = registration.meta.get("evaluator")
+    if hook is None:
+        return load_backbone(name, **options)
+    evaluator = call_factory(replace(registration, obj=hook), *arguments, **options)
+    missing = [attribute for attribute in ("tokenizer", "device", "logits_and_final_hidden", "final_hidden")
+               if not hasattr(evaluator, attribute)]
+    if missing:
+        raise DihalError(f"backbone {registration.name!r} from {registration.source}: its evaluator hook built a "
+                         f"{type(evaluator).__qualname__} without {', '.join(missing)}")
+    if isinstance(evaluator, Backbone):
+        check_states(evaluator, registration.source)
+    return evaluator
+
+
 def backbone_factory(name: str):
     """(the backbone factory, its positional arguments) for ``name``, without loading
     anything: what the pre-flight check of a suite calls to refuse an unknown backbone up front.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from dihal_bench.config.settings import SuiteConfig, SweepSettings
 from dihal_bench.registry.plugins import get_registry
-from dihal_bench.study.plan import Unit, method_names, scaled_budget, split_scale, target_budgets
+from dihal_bench.study.plan import FrontierPoint, Unit, method_names, scaled_budget, split_scale, target_budgets
 from dihal_bench.training.budget import Budget
 
 #: validation windows assumed for ``sweep.eval_sequences = "all"``, which the plan cannot count
@@ -120,11 +120,28 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
         return Work(f"up to {budget.steps} steps + {sampling.samples} samples", trained=trained,
                     baseline_decodes=decodes, baseline=label, steps=budget.steps,
                     windows=budget.distinct_sequences)
+    if unit.stage == "frontier":
+        return frontier_work(unit.point, config)
     if unit.stage == "metrics":
         # the reference texts' pass is done once per seed (a worker keeps it), not once per job
         rows = len(method_names(config))  # one metrics job per row of the methods table
         return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples + math.ceil(samples / rows))
     return latency_work(config)
+
+def frontier_work(point: FrontierPoint, config: SuiteConfig) -> Work:
+    """A frontier point: the row's samples drawn again at the point's setting (a baseline's decodes
+    priced at its own, scaled by the point's steps over the suite's), then scored as in the metrics stage."""
+    sampling = config.sampling
+    samples = sampling.samples * sampling.seq_len
+    key, value = point.setting
+    scored = f"{sampling.samples} samples at {key.replace('_', ' ')} {value:g}, scored"
+    if point.kind != "baseline":
+        return Work(scored, decode=samples, evaluator=samples)
+    share = value / sampling.diffusion_steps if key == "diffusion_steps" else 1.0
+    batches = math.ceil(math.ceil(sampling.samples / sampling.batch_size) * share)
+    return Work(scored, evaluator=samples,
+                baseline_decodes=(BaselineDecodes(point.name, batches, 0, math.ceil(samples * share)),))
+
 
 def latency_work(config: SuiteConfig) -> Work:
     """The latency job: every method that decodes (and the intact backbone, unless a baseline is

@@ -215,7 +215,7 @@ UNPRICED = ("not priced: locate's geometry proxies, so locate takes several time
 #: the stages whose jobs are independent of each other, in the order they run (an executor
 #: runs a stage's jobs in parallel and waits for all of them before the next stage)
 PARALLEL_STAGES = (("locate",), ("targets",), ("sweep",), ("dihal", "controls", "references", "baselines"),
-                   ("steps",), ("metrics",), ("latency",))
+                   ("steps",), ("metrics",), ("frontier",), ("latency",))
 
 def format_schedule(name: str, config: SuiteConfig, devices: int, throughput: Throughput | None = None) -> str:
     """The plan as a schedule over ``devices`` devices (GPUs, or CPU workers), one job per device

@@ -20,10 +20,11 @@ SCALE_MARK = "@"
 class Unit:
     """One unit of a seed's work: what the progress bar counts and the dry-run lists."""
 
-    stage: str  # locate, targets, sweep, dihal, controls, references, baselines, steps, metrics, latency
+    stage: str  # locate, targets, sweep, dihal, controls, references, baselines, steps, metrics, frontier, latency
     label: str
     seq_len: int | None = None  # a targets unit's training sequence length (its cost depends on it)
     scale: int = 1  # a method unit's budget scale (docs/method.md#budget-scales)
+    point: FrontierPoint | None = None  # a frontier unit's row and setting
 
 
 def auto_sweep_layers(num_layers: int, required: set[int], count: int) -> list[int]:
@@ -171,6 +172,40 @@ def steps_axis_points(config: SuiteConfig) -> list[tuple[str | None, int]]:
     return [(sampler, k) for sampler in steps_axis_samplers(config) for k in config.bridge.steps_axis]
 
 
+@dataclass(frozen=True)
+class FrontierPoint:
+    """A scale-1 row resampled at one other sampling setting (docs/method.md#frontiers): ``setting``
+    holds the one ``[sampling]`` key it changes, ``temperature`` or ``diffusion_steps``."""
+
+    label: str
+    kind: str
+    name: str
+    setting: tuple[str, float | int]
+
+    @property
+    def unit_label(self) -> str:
+        key, value = self.setting
+        return f"{self.label} at " + (f"T={value:g}" if key == "temperature" else f"{value} steps")
+
+
+def frontier_points(config: SuiteConfig) -> list[FrontierPoint]:
+    """Every point of the suite's frontiers, row by row in the methods table's order: each row that
+    draws tokens from a next-token distribution (DiHAL, the controls, a baseline with a temperature
+    option) at each of ``frontier.temperatures``, each baseline with diffusion steps at each of
+    ``frontier.diffusion_steps``; a setting equal to the suite's own is the row itself, not a point."""
+    sampling, frontier, points = config.sampling, config.frontier, []
+    for label, kind, name in method_rows(config):
+        cls = get_registry().get("baseline", name).obj if kind == "baseline" else None
+        tempered = kind in ("dihal", "control") or (cls is not None and "temperature" in cls.token_sampling_options)
+        if tempered:
+            points += [FrontierPoint(label, kind, name, ("temperature", t))
+                       for t in frontier.temperatures if t != sampling.temperature]
+        if cls is not None and cls.steps_option:
+            points += [FrontierPoint(label, kind, name, ("diffusion_steps", k))
+                       for k in frontier.diffusion_steps if k != sampling.diffusion_steps]
+    return points
+
+
 def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]:
     """Every unit of work of one seed, in the order the runner does them. ``num_layers`` (the
     backbone's depth, when known) caps an automatic sweep at the layers there are."""
@@ -182,6 +217,7 @@ def seed_units(config: SuiteConfig, num_layers: int | None = None) -> list[Unit]
         *(Unit(method_stage(name), name, scale=split_scale(name)[1]) for name in method_names(config)),
         *(Unit("steps", steps_label(k, sampler)) for sampler, k in steps_axis_points(config)),
         *(Unit("metrics", f"metrics {name}") for name in method_names(config)),
+        *(Unit("frontier", point.unit_label, point=point) for point in frontier_points(config)),
         *([Unit("latency", "latency")] if method_names(config) else []),  # a geometry-only suite has no methods
     ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from functools import cached_property
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from safetensors.torch import load_file
 
 from dihal_bench.api.backbone import Backbone, BackboneShape
 from dihal_bench.api.bridge import HiddenStateBridge
+from dihal_bench.api.metrics import Evaluator
 from dihal_bench.api.references import held_out_windows
 from dihal_bench.base.mapped import map_safetensors
 from dihal_bench.config.settings import SuiteConfig
@@ -25,7 +28,7 @@ from dihal_bench.hybrid.training import (
     validation_subset,
     with_states,
 )
-from dihal_bench.registry.resolve import load_backbone, load_corpus
+from dihal_bench.registry.resolve import load_backbone, load_corpus, load_evaluator
 from dihal_bench.study.jobs import JobStore
 from dihal_bench.study.preflight import check_model_inputs
 from dihal_bench.training.budget import Budget
@@ -46,16 +49,23 @@ class Run:
         self.store = JobStore(self.out_root / suite / "jobs")
         self._valid_states: dict[int, SplitTensors] = {}
 
+    def with_sampling(self, **changes) -> Run:
+        """This run with other ``[sampling]`` settings (a frontier point, docs/method.md#frontiers):
+        the same job store and the same models and data, loaded once for both."""
+        variant = copy.copy(self)
+        variant.config = dataclasses.replace(self.config, sampling=dataclasses.replace(self.config.sampling, **changes))
+        return variant
+
     # -- lazily loaded, shared by the jobs that need them ---------------------------------------
     @cached_property
     def backbone(self) -> Backbone:
         return load_backbone(self.config.backbone, **self._load_options())
 
     @cached_property
-    def evaluator(self) -> Backbone:
+    def evaluator(self) -> Evaluator:
         if self.config.evaluator == self.config.backbone:
             return self.backbone
-        return load_backbone(self.config.evaluator, **self._load_options())
+        return load_evaluator(self.config.evaluator, **self._load_options())
 
     @cached_property
     def corpus(self):

@@ -2,7 +2,7 @@
 
 Read top to bottom, :func:`study_seeds` is the study: locate → bridge targets → bridge sweep →
 every method (DiHAL at ℓ*, the worst-scored and the oracle layer, controls, references, baselines)
-→ the steps axis → metrics → latency, the units of :func:`dihal_bench.study.plan.seed_units`. Each
+→ the steps axis → metrics → frontiers → latency, the units of :func:`dihal_bench.study.plan.seed_units`. Each
 stage is one executor call holding that stage's items *of every seed*, so that a pool of workers
 is filled by all seeds at once (latency excepted: it times decodes, one seed at a time, alone); a
 stage needs the ones before it. The units themselves live in
@@ -13,12 +13,10 @@ same numbers. The run ends with one sealed record in the results folder.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,7 +25,6 @@ from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.config.suite import resolved_config
 from dihal_bench.errors import DihalError, interrupted
 from dihal_bench.hybrid.sweep import layer_correlations
-from dihal_bench.hybrid.training import BridgeSpec
 from dihal_bench.registry.plugins import get_registry
 from dihal_bench.study.calibration import run_throughput
 from dihal_bench.study.compute import stage_compute
@@ -36,8 +33,7 @@ from dihal_bench.study.executors import Executor, Item, LocalExecutor
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.metering import MeteredExecutor
 from dihal_bench.study.plan import (
-    auto_sweep_layers,
-    budget_sections,
+    frontier_points,
     method_labels,
     scaled_budget,
     seed_units,
@@ -46,7 +42,6 @@ from dihal_bench.study.plan import (
 )
 from dihal_bench.study.preflight import check_suite
 from dihal_bench.study.progress import Progress
-from dihal_bench.study.protocol import bridge_spec, matched_budget
 from dihal_bench.study.records import (
     RECORD_FORMAT,
     metric_description,
@@ -59,6 +54,8 @@ from dihal_bench.study.reporting import report_run
 from dihal_bench.study.run import Run
 from dihal_bench.study.sample_export import export_beside
 from dihal_bench.study.samples import EXAMPLES, read_samples
+from dihal_bench.study.seed_study import SeedStudy, plan_bridges
+from dihal_bench.study.stages.frontier import frontier_point
 from dihal_bench.study.stages.latency import latency_unit
 from dihal_bench.study.stages.locate import LOCATE_KEYS, locate_unit
 from dihal_bench.study.stages.methods import method_row
@@ -66,34 +63,6 @@ from dihal_bench.study.stages.metrics import metrics_unit
 from dihal_bench.study.stages.steps_axis import steps_point
 from dihal_bench.study.stages.sweep import CORRELATION_TARGETS, sweep_layer
 from dihal_bench.study.stages.targets import bridge_targets
-from dihal_bench.training.budget import Budget
-
-
-@dataclass
-class SeedStudy:
-    """One seed's state as the stages fill it in: what a later stage of the same seed reads."""
-
-    seed: int
-    located: dict = field(default_factory=dict)
-    layers: list[int] = field(default_factory=list)  # the swept layers
-    data_layers: list[int] = field(default_factory=list)  # every layer a bridge of this seed is trained at
-    sweep_spec: BridgeSpec | None = None
-    spec: BridgeSpec | None = None  # the matched budget's bridge
-    budget: Budget | None = None  # the matched budget
-    targets: dict[int, dict] = field(default_factory=dict)  # bridge-targets results by sequence length
-    sweep_rows: list[dict] = field(default_factory=list)
-    roles: dict[str, int] = field(default_factory=dict)
-    methods: dict[str, dict] = field(default_factory=dict)
-    steps_axis: list[dict] = field(default_factory=list)
-
-    def stage_budgets(self, config: SuiteConfig, num_layers: int) -> list[Budget]:
-        """The budgets whose training data the bridge targets must hold."""
-        by_section = {"sweep.budget": self.sweep_spec.budget, "budget": self.spec.budget}
-        return [by_section[section] for section in budget_sections(config, num_layers, bridge_targets=True)]
-
-    def scaled_spec(self, scale: int) -> BridgeSpec:
-        """The matched budget's bridge at a budget scale (docs/method.md#budget-scales)."""
-        return dataclasses.replace(self.spec, budget=scaled_budget(self.spec.budget, scale))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -243,29 +212,19 @@ def study_seeds(run: Run, executor: Executor, seeds: list[int]) -> list[dict]:
         for method, values in zip(study.methods.values(), metrics, strict=True):
             method["metrics"] = values
 
+    frontier = frontier_points(config)
+    made = each_seed(executor, "frontier", frontier_point, studies, lambda s: [
+        Item(p.unit_label, (p, s.roles, s.spec, s.budget, s.seed, s.data_layers, s.targets, references[s.seed]), s.seed)
+        for p in frontier]) if frontier else [[] for _ in studies]  # no frontier: no stage to meter
+    for study, points in zip(studies, made, strict=True):
+        study.frontier = points
+
     # one seed at a time: a latency job times decodes, so it must not share the machine with another;
     # of the scale-1 rows alone (a row at another scale is the same network)
     latency_of = {s.seed: executor.map("latency", latency_unit, [
         Item("latency", ({name: m for name, m in s.methods.items() if m["scale"] == 1}, s.roles, s.spec, s.budget,
                          s.seed), s.seed)])[0] for s in studies if s.methods}
     return [seed_entry(run, study, latency_of.get(study.seed, {})) for study in studies]
-
-
-def plan_bridges(run: Run, study: SeedStudy, located: dict) -> None:
-    """From locate's scores: ℓ*, the worst-scored layer, the swept layers and the bridge specs."""
-    config, num_layers = run.config, run.backbone.num_layers
-    score = dict(zip(located["layers"], located["score"], strict=True))
-    chosen = located["chosen_layer"]
-    worst = min(located["layers"], key=lambda layer: (score[layer], layer))
-    explicit = config.sweep.layers
-    # every DiHAL role's layer has a sweep row: ℓ* and the worst-scored layer join an automatic sweep
-    study.layers = list(explicit) if explicit != "auto" else auto_sweep_layers(num_layers, {chosen, worst},
-                                                                               config.sweep.count)
-    study.located, study.roles = located, {"chosen": chosen, "worst": worst}
-    study.data_layers = sorted({*study.layers, chosen, worst})
-    study.sweep_spec = bridge_spec(config, "sweep.budget", study.seed)
-    study.spec = bridge_spec(config, "budget", study.seed)
-    study.budget = matched_budget(config, study.seed, run.backbone.width)
 
 
 def each_seed(executor: Executor, stage: str, fn, studies: list[SeedStudy], items_of) -> list[list]:
@@ -295,4 +254,5 @@ def seed_entry(run: Run, study: SeedStudy, latency: dict) -> dict:
         "budget": study.budget.to_dict(),
         "methods": study.methods,
         **({"steps_axis": study.steps_axis} if study.steps_axis else {}),
+        **({"frontier": study.frontier} if study.frontier else {}),
     }

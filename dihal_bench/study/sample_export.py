@@ -4,7 +4,8 @@
 The record keeps five texts per method (``samples.examples``); the samples themselves stay in the
 job store, which is not published. The export writes them all, one JSON line per sample, in the
 record's order (seed, method, index): ``method`` (the record's label, ``<row>@<s>x`` at a budget
-scale), ``seed``, ``scale``, ``index``, ``text``, ``token_ids`` and, where the method's metrics carry
+scale), ``seed``, ``scale``, ``index``, ``text``, ``token_ids``, a frontier point's ``temperature`` or
+``diffusion_steps`` (docs/method.md#frontiers; its lines follow the seed's rows) and, where the method's metrics carry
 them (Gen.PPL's per-sample side values), ``nll`` (the sample's summed token NLL under the evaluator,
 nats), ``nll_tokens`` (the tokens it is summed over), ``valid`` (whether Gen.PPL counted it: the
 record's NLL is None for an invalid one) and, for an invalid one, ``invalid_reason`` (the validity
@@ -61,6 +62,11 @@ def sample_lines(record: dict, store: JobStore) -> list[dict]:
                 continue  # a row that draws no samples
             texts, ids = _read(store, samples["path"], samples.get("count"), f"{name} (seed {entry['seed']})")
             lines += method_lines(name, entry["seed"], method, texts, ids)
+        for point in entry.get("frontier") or []:  # docs/method.md#frontiers: the setting on every line
+            setting = {key: point[key] for key in ("temperature", "diffusion_steps") if key in point}
+            what = f"{point['method']} at {setting} (seed {entry['seed']})"
+            texts, ids = _read(store, point["samples"]["path"], point["samples"].get("count"), what)
+            lines += [line | setting for line in method_lines(point["method"], entry["seed"], point, texts, ids)]
     return lines
 
 

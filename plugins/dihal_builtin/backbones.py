@@ -15,6 +15,7 @@ from .embedded import (
 from .hf_backbone import (
     HFBackbone,
     describe_pretrained,
+    evaluator_from_pretrained,
     pretrained_parameters,
     pretrained_tokenizer,
 )
@@ -39,5 +40,5 @@ def register_backbones(register):
              describe=gemma3_270m_shape, tokenizer=gemma3_270m_tokenizer,
              description="Gemma-3-270M, 18 layers, d=640 (embedded, GGUF Q4_K_M)")
     register("hf", HFBackbone.from_pretrained, handles=handles_hf, parameters=pretrained_parameters,
-             describe=describe_pretrained, tokenizer=pretrained_tokenizer,
+             describe=describe_pretrained, tokenizer=pretrained_tokenizer, evaluator=evaluator_from_pretrained,
              description="any Hugging Face causal LM, by hub id org/name or local directory")

@@ -68,10 +68,93 @@ def pretrained_tokenizer(model_id: str, *, gguf_file: str | None = None, trust_r
         raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
 
 
+def load_pretrained(
+    model_id: str,
+    *,
+    gguf_file: str | None = None,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    device_map: str | None = None,
+    trust_remote_code: bool = False,
+):
+    """(causal LM, tokenizer) from a hub id or a local directory; ``device_map="auto"`` shards over GPUs."""
+    kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if device_map:
+        kwargs["device_map"] = device_map
+    tokenizer = pretrained_tokenizer(model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
+    except (OSError, ValueError) as exc:  # missing files; a directory that holds no model
+        raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
+    if not device_map:
+        model = model.to(device)
+    return model, tokenizer
+
+
+def enterable(model) -> bool:
+    """Whether ``HFBackbone`` can run ``model``'s layers itself (the Llama/Qwen/Gemma layout)."""
+    base = getattr(model, "model", None)
+    return base is not None and all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+def evaluator_from_pretrained(model_id: str, *, name: str | None = None, **options):
+    """A suite's evaluator from a hub id or a local directory (the ``hf`` backbone's ``evaluator``
+    hook): an :class:`HFBackbone` where its layout allows one, as before, else the whole causal LM
+    (:class:`HFEvaluator`). **Why:** the metrics read only the logits and the final state, so a
+    scorer need not be enterable midway, and the field's scorer, GPT-2, is not."""
+    model, tokenizer = load_pretrained(model_id, **options)
+    return (HFBackbone if enterable(model) else HFEvaluator)(model, tokenizer, name or model_id)
+
+
+class HFEvaluator:
+    """A Hugging Face causal LM that only scores and featurises text (the metrics' ``Evaluator``,
+    ``dihal_bench.api.metrics``), for a layout :class:`HFBackbone` cannot enter: GPT-2's
+    ``transformer.{wte, wpe, h, ln_f}``, GPT-NeoX, OPT and the like."""
+
+    def __init__(self, model, tokenizer, name: str):
+        self.name = name
+        self.model = model.eval().requires_grad_(False)
+        self.base = model.base_model
+        self.tokenizer = tokenizer
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        config = model.config.get_text_config()
+        self.context_length = next((getattr(config, key) for key in ("max_position_embeddings", "n_positions", "n_ctx")
+                                    if getattr(config, key, None)), None)
+
+    def _checked(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # GPT-2's positions are a learned table of n_positions rows: a longer input is an index
+        # error inside torch on a CPU, and a device-side assert that ends the process on a GPU
+        if self.context_length is not None and input_ids.shape[1] > self.context_length:
+            raise DihalError(f"evaluator {self.name}: an input of {input_ids.shape[1]} tokens, but it takes at most "
+                             f"{self.context_length}; set metrics.max_length to {self.context_length} or less")
+        return input_ids.to(self.device)
+
+    @torch.no_grad()
+    def final_hidden(self, input_ids, attention_mask=None):
+        mask = attention_mask.to(self.device) if attention_mask is not None else None
+        return self.base(input_ids=self._checked(input_ids), attention_mask=mask, use_cache=False).last_hidden_state
+
+    @torch.no_grad()
+    def logits_and_final_hidden(self, input_ids, attention_mask=None):
+        # The logits of the library's own forward, whatever its head does after the final state;
+        # that state is the base model's output, caught on the way: one pass, no copy of every layer
+        mask = attention_mask.to(self.device) if attention_mask is not None else None
+        caught = []
+        hook = self.base.register_forward_hook(lambda module, args, output: caught.append(output[0]))
+        try:
+            logits = self.model(input_ids=self._checked(input_ids), attention_mask=mask, use_cache=False).logits
+        finally:
+            hook.remove()
+        return logits, caught[-1]
+
+
 class HFBackbone(Backbone):
     def __init__(self, model, tokenizer, name: str):
         base = getattr(model, "model", None)
-        if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        if not enterable(model):
             raise DihalError(
                 f"{name}: unsupported architecture {type(model).__name__}; expected model.model with "
                 "embed_tokens, layers, norm and rotary_emb (Llama/Qwen/Gemma-style)"
@@ -102,18 +185,8 @@ class HFBackbone(Backbone):
         trust_remote_code: bool = False,
     ) -> "HFBackbone":
         """Load from a hub id or a local directory; ``device_map="auto"`` shards over GPUs."""
-        kwargs = dict(dtype=resolve_dtype(dtype), trust_remote_code=trust_remote_code)
-        if gguf_file:
-            kwargs["gguf_file"] = gguf_file
-        if device_map:
-            kwargs["device_map"] = device_map
-        tokenizer = pretrained_tokenizer(model_id, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(model_id, **kwargs)
-        except (OSError, ValueError) as exc:  # missing files; a directory that holds no model
-            raise DihalError(f"cannot load backbone {model_id!r}: {str(exc).splitlines()[0]}") from None
-        if not device_map:
-            model = model.to(device)
+        model, tokenizer = load_pretrained(model_id, gguf_file=gguf_file, device=device, dtype=dtype,
+                                           device_map=device_map, trust_remote_code=trust_remote_code)
         return cls(model, tokenizer, name or model_id)
 
     # -- shape -----------------------------------------------------------------------------
