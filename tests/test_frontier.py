@@ -105,10 +105,11 @@ def test_the_frontier_table_puts_each_rows_own_setting_among_its_points(tmp_path
     results = tmp_path / "results"
     results.mkdir()
     (results / "a.json").write_text(json.dumps(seal_record(built)))
-    build_leaderboards(results, tmp_path / "out", ["md", "csv"], warn=lambda message: None)
+    build_leaderboards(results, tmp_path / "out", ["md", "csv", "html"], warn=lambda message: None)
     table = pd.read_csv(tmp_path / "out" / GROUP / "frontier.csv")
     assert list(table["method"]) == ["dihal-chosen"] * 3 and set(table["axis"]) == {"temperature"}
     assert list(table["setting"]) == ["0.5", "0.7", "1 (the suite’s)"]
     assert list(table["gen_ppl_mean"]) == pytest.approx([5.5, 7.5, 10.5])  # seeds 0 and 1 pooled
     assert list(table["entropy_mean"]) == pytest.approx([1.0, 1.4, 2.5])
     assert "Frontiers" in (tmp_path / "out" / GROUP / "frontier.md").read_text()
+    assert "<h3>Frontiers</h3>" in (tmp_path / "out" / "leaderboard.html").read_text()

@@ -534,6 +534,7 @@ def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]
             + plots_block(plots) + (samples_block(group, tables["methods"]) if "methods" in tables else "")
             + (viewer_block(group, tables["methods"], sources) if "methods" in tables else "")
             + (table_block(group, tables["steps"]) if "steps" in tables else "")
+            + (table_block(group, tables["frontier"]) if "frontier" in tables else "")
             + table_block(group, tables["proxies"]) + table_block(group, tables["layers"]) + "</section>\n")
 
 
