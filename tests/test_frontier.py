@@ -113,3 +113,16 @@ def test_the_frontier_table_puts_each_rows_own_setting_among_its_points(tmp_path
     assert list(table["entropy_mean"]) == pytest.approx([1.0, 1.4, 2.5])
     assert "Frontiers" in (tmp_path / "out" / GROUP / "frontier.md").read_text()
     assert "<h3>Frontiers</h3>" in (tmp_path / "out" / "leaderboard.html").read_text()
+    assert (tmp_path / "out" / GROUP / "gen_ppl_vs_entropy.png").stat().st_size > 0
+
+
+def test_no_frontier_plot_without_a_frontier(tmp_path):
+    from dihal_bench.leaderboard.plot import drawings
+    from dihal_bench.leaderboard.read import read_groups
+    from test_leaderboard import seed_entry, write_record
+
+    results = tmp_path / "results"
+    results.mkdir()
+    write_record(results, "a.json", [seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    [group] = read_groups(results, lambda message: None)
+    assert "gen_ppl_vs_entropy" not in drawings(group, None)

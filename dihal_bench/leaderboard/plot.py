@@ -319,12 +319,48 @@ def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
                            "min–max over seeds), with the Pareto front")
 
 
+def temperature_points(group: Group) -> pd.DataFrame:
+    """One point per (row, temperature) of the group's temperature frontiers (docs/method.md#frontiers)
+    with a positive Gen.PPL and an entropy: the means over seeds, each row's temperatures ascending."""
+    if not group.rows["frontier"] or not {"gen_ppl", "entropy"} <= set(group.metrics):
+        return pd.DataFrame()
+    frame = pd.DataFrame(group.rows["frontier"])
+    frame = frame[(frame["axis"] == "temperature") & (frame["gen_ppl"] > 0) & frame["entropy"].notna()]
+    return (frame.groupby(["method", "setting"], sort=False).agg(gen_ppl=("gen_ppl", "mean"), entropy=("entropy", "mean"))
+            .reset_index().sort_values(["method", "setting"], kind="stable"))
+
+
+def plot_temperature_frontier(group: Group, methods: Table | None) -> Drawing | None:
+    """Gen.PPL (log) against entropy, one line per row through its temperatures, labelled at its
+    highest: where two lines pass the same entropy, the lower one writes the better text at it."""
+    points = temperature_points(group)
+    if points.empty:
+        return None
+    figure, axes = _figure()
+    ends = []
+    for colour, (method, line) in enumerate(points.groupby("method", sort=False)):
+        axes.plot(line["entropy"], line["gen_ppl"], marker="o", color=f"C{colour % 10}", linewidth=1.2)
+        ends.append((line["entropy"].iat[-1], line["gen_ppl"].iat[-1], method))
+    from matplotlib.ticker import LogFormatter
+
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))  # 40, not 4×10¹
+    axes.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False))
+    names = {key: group.metrics[key]["display_name"] for key in ("gen_ppl", "entropy")}
+    axes.set(xlabel=plot_text(f"{names['entropy']} ↑"), ylabel=plot_text(f"{names['gen_ppl']} ↓ (log scale)"))
+    _title(axes, f"{names['gen_ppl']} against {names['entropy']} along temperature", group)
+    place_labels(axes, [x for x, _, _ in ends], [y for _, y, _ in ends], [method for _, _, method in ends])
+    return Drawing(figure, f"{names['gen_ppl']} against {names['entropy']}, each row through its temperatures "
+                           "(means over seeds; the label at its highest): compare rows at matched entropy")
+
+
 #: File stem -> plot. Stems are fixed, not built from metric names, so links to them hold.
 PLOTS: dict[str, Callable[[Group, Table | None], Drawing | None]] = {
     "proxies_vs_layer": plot_proxies,
     "score_vs_bridge_mse": plot_score_vs_bridge,
     "methods_tradeoff": plot_tradeoff,
     "gen_ppl_vs_train_flops": plot_budget_scales,
+    "gen_ppl_vs_entropy": plot_temperature_frontier,
 }
 
 
