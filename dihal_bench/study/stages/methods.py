@@ -1,5 +1,5 @@
 """Stage 4: every row of the methods table (DiHAL roles, controls, references, baselines), each
-train → sample, under the matched budget."""
+train → sample (→ its held-out likelihood, where the suite asks for one), under the matched budget."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from dihal_bench.study.identities import (
     targets_identity,
 )
 from dihal_bench.study.jobs import spec_hash
-from dihal_bench.study.stages.likelihood import test_nll_job
 from dihal_bench.study.protocol import baseline_options
 from dihal_bench.study.run import Run
 from dihal_bench.study.samples import draw_samples, write_samples
+from dihal_bench.study.stages.likelihood import test_nll_job
 from dihal_bench.training.budget import Budget
 
 #: the bridge plugin the one-step regressor control trains (docs/method.md#controls)
