@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 from dihal_builtin.baselines.ar_scratch import ARScratch
-from dihal_builtin.baselines.mdlm import MDLM, masked_diffusion_bound
+from dihal_builtin.baselines.mdlm import MDLM
 
-from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll, with_start
+from dihal_bench.api.likelihood import HeldOutNLL, masked_diffusion_bound, next_token_nll, with_start
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.evaluation import hybrid_test_nll, teacher_forced_nll
 from dihal_bench.hybrid.model import HybridLM, intact_control, start_token_id
@@ -196,3 +196,26 @@ def test_an_ar_rows_exact_nll_is_its_training_loss_on_the_same_windows(llama_bac
             loss = model.loss(batch, torch.Generator().manual_seed(0)).item()
         scored = model.test_nll(test[:8], seed=0)
         assert not scored.bound and scored.nats_per_token == pytest.approx(loss, rel=1e-5), model.name
+
+
+def test_ar2diff_loras_bound_is_log_v_when_its_head_says_nothing(llama_backbone):
+    """With every logit 0 the denoiser is uniform over the V ids: each masked token costs log V, and each
+    draw's (L/k)·k·log V is L·log V exactly, so the bound is log V per token whatever the draws (float32
+    log-softmax of equal logits)."""
+    from dihal_builtin.baselines.ar2diff_lora import AR2DiffLoRA
+
+    model = AR2DiffLoRA(llama_backbone, Budget(steps=1, batch_size=4, seq_len=12, param_allowance=20_000), seed=0)
+    head = model.lm.get_output_embeddings()
+    kept = {name: value.detach().clone() for name, value in head.named_parameters()}
+    windows = torch.randint(FIRST, 60, (5, 12), generator=torch.Generator().manual_seed(8))
+    try:  # the rival's copy shares its weights with the module's backbone: put them back
+        with torch.no_grad():
+            for value in head.parameters():
+                value.zero_()
+        scored = model.test_nll(windows, seed=0, batch_size=2)
+    finally:
+        with torch.no_grad():
+            for name, value in head.named_parameters():
+                value.copy_(kept[name])
+    assert scored.bound and scored.tokens == 60
+    assert scored.nats_per_token == pytest.approx(math.log(head.weight.shape[0]), rel=1e-6)

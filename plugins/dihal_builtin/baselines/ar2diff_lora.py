@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.likelihood import HeldOutNLL, masked_diffusion_nll
 from dihal_bench.api.sampling import sample_next_token
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
@@ -165,6 +166,19 @@ class AR2DiffLoRA(LoRABaseline):
         allowed = annealed_attention(n, length + 1, anneal_ratio(step, self.anneal_steps), generator, ids.device)
         hidden = self.predict(ids.masked_fill(masked, self.mask_id), allowed)
         return masked_diffusion_loss(output_logits(self.lm, hidden[masked]), ids[masked], t, masked)
+
+    def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL:
+        """A bound: the masked-diffusion ELBO of each window (``masked_diffusion_nll``) under the fully
+        bidirectional attention the sampler uses, over the backbone's whole vocabulary (the probability
+        it gives the mask token itself is not renormalised away: that only loosens the bound)."""
+        self.lm.eval()
+
+        def log_probs_of(x_t: Tensor) -> Tensor:
+            links = torch.ones(len(x_t), x_t.shape[1] + 1, x_t.shape[1] + 1, dtype=torch.bool, device=x_t.device)
+            return output_logits(self.lm, self.predict(x_t, links)).float().log_softmax(-1)
+
+        return masked_diffusion_nll(log_probs_of, windows.to(self.backbone.device).long(), self.mask_id, seed,
+                                    batch_size)
 
     # -- sampling ----------------------------------------------------------------------------
     @torch.no_grad()

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
-from dihal_bench.api.likelihood import HeldOutNLL
+from dihal_bench.api.likelihood import HeldOutNLL, masked_diffusion_nll
 from dihal_bench.api.sampling import check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
@@ -38,8 +38,6 @@ TRAIN_T_MIN = 1e-3
 SAMPLE_T_MIN = 1e-5
 #: std of the token and position embeddings at initialisation (GPT-2's); the output layer is tied to them
 EMBEDDING_STD = 0.02
-#: draws of t per held-out window in the likelihood bound (``masked_diffusion_bound``)
-BOUND_DRAWS = 8
 
 #: x_t (n, L) compact ids, the mask id among them -> log p_θ(x₀ | x_t) (n, L, V), SUBS applied
 LogProbs = Callable[[Tensor], Tensor]
@@ -125,34 +123,6 @@ def masked_diffusion_loss(log_probs_of: LogProbs, x0: Tensor, mask_id: int, gene
     masked = torch.rand((n, length), generator=generator, device=x0.device) < t[:, None]
     log_p = log_probs_of(x0.masked_fill(masked, mask_id)).gather(-1, x0[..., None])[..., 0]
     return -(log_p / t[:, None]).mean()
-
-
-def masked_diffusion_bound(log_probs_of: LogProbs, x0: Tensor, mask_id: int, generator: torch.Generator,
-                           draws: int) -> Tensor:
-    """Each window's continuous-time bound on −log p_θ(x₀) (n,), float64, in nats, estimated with
-    ``draws`` draws per window.
-
-    The bound is ∫₀¹ (1/t)·E[Σ over the masked positions of −log p_θ(x₀ᵢ | x_t)] dt, each of the L
-    positions masked with probability t. Given that k positions are masked they are a uniform
-    k-subset, and ∫₀¹ (1/t)·C(L, k)·tᵏ(1 − t)^(L−k) dt = 1/k, so the same bound is
-
-        E over k uniform in 1..L and a uniform k-subset S of (L/k)·Σ_{i∈S} −log p_θ(x₀ᵢ | x₀ with S masked),
-
-    which is what is drawn here (k stratified over the draws): the 1/t weight's heavy tail near t = 0
-    becomes a weight of at most L. With the exact posterior as denoiser its expectation is −log p(x₀)
-    itself (the bound is tight); with a denoiser that ignores its input, that denoiser's NLL."""
-    n, length = x0.shape
-    u = torch.rand((n, draws), generator=generator, device=x0.device, dtype=torch.float64)
-    counts = ((torch.arange(draws, device=x0.device) + u) / draws * length).floor().long() + 1
-    total = torch.zeros(n, dtype=torch.float64, device=x0.device)
-    for k in range(draws):
-        count = counts[:, k]
-        # the ranks of a uniform random permutation: the `count` lowest are a uniform count-subset
-        ranks = torch.rand((n, length), generator=generator, device=x0.device).argsort(-1).argsort(-1)
-        masked = ranks < count[:, None]
-        log_p = log_probs_of(x0.masked_fill(masked, mask_id)).gather(-1, x0[..., None])[..., 0].double()
-        total += torch.where(masked, -log_p, 0.0).sum(-1) * length / count
-    return (total / draws).cpu()
 
 
 def token_probabilities(log_probs: Tensor, temperature: float, top_p: float, banned: list[int]) -> Tensor:
@@ -311,16 +281,11 @@ class MDLM(DiffusionBaseline):
     def loss(self, batch: dict[str, Tensor], generator: torch.Generator) -> Tensor:
         return masked_diffusion_loss(self.log_probs, batch["ids"], self.mask_id, generator)
 
-    @torch.no_grad()
     def test_nll(self, windows: Tensor, seed: int, batch_size: int = 16) -> HeldOutNLL:
-        """A bound: the continuous-time ELBO of each window (``masked_diffusion_bound``, BOUND_DRAWS
-        draws of t per window from ``seed``), over the compact vocabulary."""
+        """A bound: the continuous-time ELBO of each window (``masked_diffusion_nll``) over the compact vocabulary."""
         self.module().eval()
         ids = self.built().to_compact(windows.to(self.backbone.device))
-        generator = torch.Generator(device=ids.device).manual_seed(seed)
-        total = sum(masked_diffusion_bound(self.log_probs, ids[first:first + batch_size], self.mask_id, generator,
-                                           BOUND_DRAWS).sum().item() for first in range(0, len(ids), batch_size))
-        return HeldOutNLL(total, ids.numel(), bound=True)
+        return masked_diffusion_nll(self.log_probs, ids, self.mask_id, seed, batch_size)
 
     def sample_batch(self, n: int, seq_len: int, generator: torch.Generator, bar: tqdm) -> Tensor:
         opts = self.settings
