@@ -207,6 +207,9 @@ def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
     assert {value["kind"] for value in scored.values()} == {"exact"} and len(scored) == 6
     assert {(value["windows"], value["tokens"]) for value in scored.values()} == {(4, 64)}
     assert all(0 < value["nats_per_token"] < 20 for value in scored.values())
+    # each row says in which precision it draws its tokens; a reference draws from no model
+    assert {name: method["draw_precision"] for name, method in seed["methods"].items()} == \
+        {name: None if name.startswith("reference-") else "float32" for name in seed["methods"]}
     assert seed["methods"]["reference-human"]["metrics"]["gen_ppl"] > 1
     assert seed["methods"]["ar-backbone"]["latency"]["batch1_ratio_to_backbone"] == pytest.approx(1.0)
     # each round's ratio to the reference's decode of the same round: exactly 1 for the reference itself

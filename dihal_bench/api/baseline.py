@@ -60,6 +60,9 @@ class Baseline(ABC):
     #: how the method's autoregressive decoder draws each token, which a suite fills from those
     #: keys (empty: the method draws no tokens from a next-token distribution)
     token_sampling_options: tuple[str, ...] = ()
+    #: the precision of the probabilities the method's categorical draws read ("float32", "float64"), or
+    #: "argmax" where it draws none (docs/method.md#sampling); None: not stated. Recorded per row.
+    draw_precision: str | None = None
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         self.backbone = backbone

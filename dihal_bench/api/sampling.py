@@ -9,6 +9,11 @@ from torch import Tensor
 
 from dihal_bench.errors import DihalError
 
+#: the precision of the probabilities `sample_next_token` draws from (what a row that draws through it records)
+NEXT_TOKEN_PRECISION = "float32"
+#: what a row records that draws no token from a distribution (its tokens are an argmax: rounding)
+NO_DRAW = "argmax"
+
 
 def check_sampling(temperature: float, top_p: float) -> None:
     if temperature < 0:

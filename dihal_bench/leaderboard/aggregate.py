@@ -216,6 +216,7 @@ def method_table(group: Group) -> Table:
         # on the page one click away, as are the inference FLOPs and the absolute latency (the Degenerate column
         # says what a low count would, the latency ratio what inference costs): the main table fits 1400 px
         *([Column("valid_samples", "Valid samples", "count", main=False)] if "valid_samples" in frame else []),
+        *([Column("draw_precision", "Draws", "text", main=False)] if said(frame, "draw_precision") else []),
         *test_nll_columns(frame),
         Column("train_pflop", "Train PFLOP", description="training FLOPs in all, frozen passes and target "
                "extraction included, ÷ 10¹⁵ (docs/method.md#counting-compute)"),
@@ -236,7 +237,10 @@ def method_table(group: Group) -> Table:
     labels = {"name": [method_name(name, rows) for name, rows in per_method],
               "budget": [budget_label(rows) for _, rows in per_method],
               "degenerate": [flag_label(group.entries, name) for name, _ in per_method],
-              **({"test_nll_kind": [likelihood_kind(rows) for _, rows in per_method]} if has_test_nll(frame) else {}),
+              **({"test_nll_kind": [seed_values(rows, "test_nll_kind") for _, rows in per_method]}
+                 if has_test_nll(frame) else {}),
+              **({"draw_precision": [seed_values(rows, "draw_precision") for _, rows in per_method]}
+                 if said(frame, "draw_precision") else {}),
               **{f"{name}_intervals": [seed_intervals(rows, name, interval_kinds(group, method, name))
                                        for method, rows in per_method] for name in bounded}}
     numbers = stats.reset_index().assign(**labels)[["method", *labels, *stats.columns]]
@@ -261,10 +265,15 @@ def test_nll_columns(frame: pd.DataFrame) -> list[Column]:
     return [TEST_NLL, Column("test_nll_kind", "NLL", "text", main=False)]
 
 
-def likelihood_kind(rows: pd.DataFrame) -> str:
-    """A row's likelihood kind over its seeds: "exact", "bound", "—" for none, or each kind where seeds differ."""
-    kinds = sorted({kind for kind in rows["test_nll_kind"] if kind and kind != "none"})
-    return " / ".join(kinds) or "—"
+def said(frame: pd.DataFrame, key: str) -> bool:
+    """Whether some row of ``frame`` has a value of the text label ``key`` (records before it have none)."""
+    return key in frame and bool((frame[key].fillna("") != "").any())
+
+
+def seed_values(rows: pd.DataFrame, key: str) -> str:
+    """A text label of a row over its seeds ("exact", "float32"), each value where seeds differ, "—" for none."""
+    values = sorted({value for value in rows[key] if value and value != "none"})
+    return " / ".join(values) or "—"
 
 
 #: Metrics whose value says how close the samples are to the corpus's held-out text, not how good

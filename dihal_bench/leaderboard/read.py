@@ -49,7 +49,8 @@ METHOD_CORE_VALUES = {
 }
 #: Keys of a method row that are not values to average: ``row`` and ``scale`` are the method's label
 #: split into the row it is and its budget scale (docs/method.md#budget-scales).
-METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer", "row", "scale", "test_nll_kind")
+METHOD_ROW_LABELS = ("record", "seed", "method", "kind", "in_budget", "layer", "row", "scale", "test_nll_kind",
+                     "draw_precision")
 #: Per-layer values of the sweep (core: the runner writes them for every swept layer).
 SWEEP_KEYS = ("bridge_mse", "bridge_r2", "hybrid_ppl", "kl_to_backbone", "skip_ppl")
 #: Rank-correlation keys of a sweep's `correlations` entries (dihal_bench.numerics.stats' output).
@@ -478,7 +479,8 @@ def method_values(method: dict, metrics: list[str]) -> dict:
     layer = method.get("layer")
     values = {"kind": method["kind"], "in_budget": method["in_budget"],
               "layer": None if layer is None else _integer(layer, "method layer"),
-              "test_nll_kind": (method.get("test_nll") or {}).get("kind") or ""}
+              "test_nll_kind": (method.get("test_nll") or {}).get("kind") or "",
+              "draw_precision": method.get("draw_precision") or ""}
     taken = set(METHOD_ROW_LABELS) | set(METHOD_CORE_VALUES) | {"trainable_params", "valid_samples", *COMPUTE_KEYS}
     reported = method["metrics"]
     for metric in metrics:

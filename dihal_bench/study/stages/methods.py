@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dihal_bench.api.baseline import Baseline
 from dihal_bench.api.references import unigram_samples
-from dihal_bench.api.sampling import special_ids
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, special_ids
 from dihal_bench.hybrid.checkpoint import load_bridge_checkpoint, save_bridge_checkpoint
 from dihal_bench.hybrid.evaluation import hybrid_test_nll
 from dihal_bench.hybrid.model import HybridLM, skip_control
@@ -45,8 +45,17 @@ def method_row(run: Run, kind: str, name: str, roles: dict, spec: BridgeSpec, bu
     options = baseline_options(run.config, name) if kind == "baseline" else {}
     # the declared shape, not the loaded backbone: a reference row loads none, and a record read
     # back is counted from the same
-    return {**row, "compute": method_compute(backbone_flops(run.config.backbone), run.config.to_dict(),
-                                             budget.to_dict(), name, row, options)}
+    return {**row, "draw_precision": draw_precision(kind, name),
+            "compute": method_compute(backbone_flops(run.config.backbone), run.config.to_dict(),
+                                      budget.to_dict(), name, row, options)}
+
+
+def draw_precision(kind: str, name: str) -> str | None:
+    """The precision of the row's categorical draws (docs/method.md#sampling): a hybrid's decode loop
+    draws through sample_next_token, a baseline says its own; a reference draws from no model."""
+    if kind in ("dihal", "control"):
+        return NEXT_TOKEN_PRECISION
+    return get_registry().get("baseline", name).obj.draw_precision if kind == "baseline" else None
 
 def dihal_method(run: Run, spec: BridgeSpec, budget: Budget, layer: int, seed: int, data_layers: list[int],
                  targets: dict, kind: str = "dihal") -> dict:

@@ -14,7 +14,7 @@ from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.baseline import CONFIG_FILE, Baseline, read_config
 from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.likelihood import HeldOutNLL
-from dihal_bench.api.sampling import check_sampling
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling
 from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.evaluation import hybrid_test_nll
@@ -48,6 +48,7 @@ class ARBackbone(Baseline):
     in_budget = False
     intact_backbone = True
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = NEXT_TOKEN_PRECISION  # the hybrid's decode loop draws through sample_next_token
 
     @classmethod
     def flop_account(cls, work: MethodWork) -> FlopAccount:

@@ -15,7 +15,7 @@ from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
 from dihal_bench.api.likelihood import HeldOutNLL, next_token_nll
-from dihal_bench.api.sampling import check_sampling, sample_next_token
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling, sample_next_token
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_builtin.baselines import flops
@@ -119,6 +119,7 @@ class ARScratch(CompactVocabularyBaseline):
     name = "ar-scratch"
     paper = "a causal transformer from scratch at the allowance (control, docs/rivals.md)"
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = NEXT_TOKEN_PRECISION
 
     @classmethod
     def flop_account(cls, work: MethodWork) -> FlopAccount:

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
-from dihal_bench.api.sampling import check_sampling
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_builtin.baselines import flops
@@ -94,6 +94,7 @@ class CoDAR(DecoderInputOption, DiffusionBaseline):
         return flops.account(flops.codar(work, options, noise_input=options.decoder_input == "noise"))
     settings: CoDAROptions
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = NEXT_TOKEN_PRECISION  # the token decoder draws through sample_next_token
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

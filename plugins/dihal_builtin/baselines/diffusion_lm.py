@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.sampling import NO_DRAW
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_builtin.baselines import flops
@@ -80,6 +81,7 @@ class DiffusionLM(DiffusionBaseline):
     """
 
     name = "diffusion-lm"
+    draw_precision = NO_DRAW  # tokens are an argmax (rounding), never drawn
     paper = "Li et al. 2022, Diffusion-LM Improves Controllable Text Generation, arXiv 2205.14217"
     options_class = DiffusionLMOptions
 

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
-from dihal_bench.api.sampling import check_sampling
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_bench.training.loop import TrainResult, batch_indices, train
@@ -147,6 +147,7 @@ class LD4LG(DecoderInputOption, DiffusionBaseline):
         return flops.account(flops.ld4lg(work, options, noise_input=options.decoder_input == "noise"))
     settings: LD4LGOptions
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = NEXT_TOKEN_PRECISION  # the token decoder draws through sample_next_token
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.baseline import Baseline
-from dihal_bench.api.sampling import check_sampling, special_ids
+from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling, special_ids
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.model import start_token_id
 from dihal_bench.training.budget import Budget
@@ -168,6 +168,7 @@ class LoRABaseline(Baseline):
     options_class: type[LoRAOptions] = LoRAOptions
     trains_through_backbone = True
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = NEXT_TOKEN_PRECISION
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

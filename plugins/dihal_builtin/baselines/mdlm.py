@@ -242,6 +242,7 @@ class MDLM(DiffusionBaseline):
         return flops.account(flops.mdlm(work, options, SAMPLE_T_MIN, batch))
     settings: MDLMOptions
     token_sampling_options = ("temperature", "top_p")
+    draw_precision = "float64"  # inverse_cdf: both stages of each draw in float64
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         super().__init__(backbone, budget, seed, **options)

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
+from dihal_bench.api.sampling import NO_DRAW
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
 from dihal_builtin.baselines import flops
@@ -78,6 +79,7 @@ class SED(DiffusionBaseline):
     """
 
     name = "sed"
+    draw_precision = NO_DRAW  # tokens are an argmax (rounding), never drawn
     paper = "Strudel et al. 2022, Self-conditioned Embedding Diffusion for Text Generation, arXiv 2211.04236"
     options_class = SEDOptions
 
