@@ -27,6 +27,7 @@ import torch
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.bridge import HiddenStateBridge, MaskedMoments, training_loss
 from dihal_bench.api.corpus import Corpus, pack, tokenize_documents
+from dihal_bench.api.likelihood import with_start
 from dihal_bench.api.references import held_out_windows
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.evaluation import (
@@ -106,8 +107,7 @@ def bridge_windows(backbone: Backbone, sequences: torch.Tensor) -> torch.Tensor:
     generates from, then each text window's first T−1 tokens (the module's choice above)."""
     if sequences.dim() != 2 or sequences.shape[1] < 2:
         raise DihalError(f"bridge windows need text windows (n, T) with T ≥ 2, got shape {tuple(sequences.shape)}")
-    start = torch.full((len(sequences), 1), start_token_id(backbone.tokenizer), dtype=sequences.dtype)
-    return torch.cat([start, sequences[:, :-1]], dim=1)
+    return with_start(sequences[:, :-1], start_token_id(backbone.tokenizer))
 
 
 #: the seed of the validation subset bridgeability is measured on: one fixed subset, the same

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.baseline import Baseline
+from dihal_bench.api.likelihood import with_start
 from dihal_bench.api.sampling import NEXT_TOKEN_PRECISION, check_sampling, special_ids
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.model import start_token_id
@@ -212,7 +213,7 @@ class LoRABaseline(Baseline):
 
     def with_start(self, ids: Tensor) -> Tensor:
         """``ids`` (n, T) with the start token before them: (n, T + 1)."""
-        return torch.cat([torch.full_like(ids[:, :1], self.start), ids], dim=1)
+        return with_start(ids, self.start)
 
     def check_request(self, n: int, seq_len: int) -> None:
         """A DihalError unless ``n`` ≥ 1 and ``seq_len`` tokens and the start token fit the backbone's context."""
