@@ -1,5 +1,6 @@
 """Memory-mapped safetensors (dihal_bench.base.mapped): the tensors load_file gives, as views of the
-file rather than copies, never written back, and a damaged file named in one error."""
+file rather than copies, never written back, a damaged file named in one error, and a file deleted
+under a running job left to the job store's "vanished, run it again" error."""
 
 from __future__ import annotations
 
@@ -74,3 +75,35 @@ def test_a_damaged_file_is_one_error_naming_it(tmp_path, damage):
     }[damage])
     with pytest.raises(DihalError, match="targets.safetensors"):
         map_safetensors(path)
+
+
+def test_a_stored_file_deleted_under_a_running_job_is_the_stores_one_line_advice(tmp_path):
+    """Another process's rm -r between two jobs: the next job maps a file that is no longer there.
+    The job store says so and how to go on, instead of calling the file damaged (CI caught this
+    once in the fault test that deletes the store mid-run)."""
+    from dihal_bench.study.jobs import JobStore
+
+    store = JobStore(tmp_path / "jobs")
+    first = store.run("targets", {"n": 1}, lambda folder: {"file": str(saved(folder)[0])})
+    Path(first["file"]).unlink()
+    with pytest.raises(FileNotFoundError):
+        map_safetensors(Path(first["file"]))
+    with pytest.raises(DihalError, match="vanished from the job store.*run the same command again"):
+        store.run("training", {"n": 1}, lambda folder: {"rows": len(map_safetensors(Path(first["file"])))})
+
+
+def test_a_job_whose_own_folder_was_deleted_says_so_whatever_its_work_raised(tmp_path):
+    import shutil
+
+    from dihal_bench.study.jobs import JobStore
+
+    store = JobStore(tmp_path / "jobs")
+
+    def work(folder: Path) -> dict:
+        shutil.rmtree(tmp_path / "jobs")  # the rm -r lands while this job reads a checkpoint...
+        raise DihalError("no trained checkpoint in it; train it first")  # ...which the reader then misses
+
+    with pytest.raises(DihalError, match="vanished from the job store.*run the same command again"):
+        store.run("samples", {"n": 1}, work)
+    with pytest.raises(DihalError, match="^a plain refusal$"):  # with the store in place, the work's own error
+        store.run("samples", {"n": 2}, lambda folder: (_ for _ in ()).throw(DihalError("a plain refusal")))

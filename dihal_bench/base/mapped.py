@@ -30,7 +30,8 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
 def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of the safetensors file ``path`` as CPU views of the file mapped copy-on-write
     (writing to one changes this process's copy, never the file). DihalError naming the file
-    when it is not a safetensors file or is truncated."""
+    when it is not a safetensors file or is truncated. A missing file raises FileNotFoundError, as
+    ``open`` does: inside a job, the job store turns it into its "vanished from the store" error."""
     path = Path(path)
     try:
         with path.open("rb") as handle:
@@ -40,6 +41,8 @@ def map_safetensors(path: Path) -> dict[str, torch.Tensor]:
             header = json.loads(handle.read(header_length))
             # ACCESS_COPY: a writable private mapping, which torch.frombuffer needs to not warn
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    except FileNotFoundError:
+        raise
     except (OSError, struct.error, ValueError) as exc:
         raise DihalError(f"{path} is not a readable safetensors file ({exc})") from None
     data_start = 8 + header_length

@@ -121,7 +121,7 @@ class JobStore:
                                                     "revision": revision,
                                                     "sha256": {"result": json_sha256(result),
                                                                "files": _artifact_hashes(folder)}})
-        except FileNotFoundError as exc:  # another process deleted the store (or a job in it) meanwhile
+        except (FileNotFoundError, DihalError) as exc:  # another process deleted the store (or a job in it) meanwhile?
             error = self.vanished(exc, folder)
             if error is None:
                 raise
@@ -129,14 +129,22 @@ class JobStore:
         _job_log.append((str(folder), revision))
         return result
 
-    def vanished(self, exc: FileNotFoundError, folder: Path) -> DihalError | None:
+    def vanished(self, exc: FileNotFoundError | DihalError, folder: Path) -> DihalError | None:
         """The one-line error for a job whose input in the store vanished while it ran (another
-        process deleted the store or a job in it); any other missing file is left as it is."""
-        # safetensors names the file in its message only, quoted by some releases
-        missing = exc.filename or str(exc).rpartition(": ")[2].strip("'\"")
-        root = Path(self.root).resolve()
-        if not (missing and Path(missing).resolve().is_relative_to(root)):
+        process deleted the store or a job in it); any other error is left as it is.
+
+        A job whose own folder is gone failed because the store was deleted under it, whatever
+        the error its work raised (a checkpoint "not trained yet", a file "not readable")."""
+        if not folder.is_dir():
+            missing = str(folder)
+        elif isinstance(exc, DihalError):
             return None
+        else:
+            # safetensors names the file in its message only, quoted by some releases
+            missing = exc.filename or str(exc).rpartition(": ")[2].strip("'\"")
+            root = Path(self.root).resolve()
+            if not (missing and Path(missing).resolve().is_relative_to(root)):
+                return None
         return DihalError(f"{missing} vanished from the job store while job {folder.name} ran (was the store "
                           "deleted or changed by another process?); run the same command again: the jobs "
                           "still in the store are kept, the rest redone")
