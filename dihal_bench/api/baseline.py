@@ -63,6 +63,9 @@ class Baseline(ABC):
     #: the precision of the probabilities the method's categorical draws read ("float32", "float64"), or
     #: "argmax" where it draws none (docs/method.md#sampling); None: not stated. Recorded per row.
     draw_precision: str | None = None
+    #: the sampling options (of ``steps_option`` and ``token_sampling_options``) that ``test_nll``
+    #: reads, so that its job is redone when they change (a bound of the chain the row samples with)
+    likelihood_options: tuple[str, ...] = ()
 
     def __init__(self, backbone: Backbone, budget: Budget, seed: int = 0, **options):
         self.backbone = backbone

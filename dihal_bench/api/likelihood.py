@@ -69,6 +69,14 @@ def next_token_nll(logits_of: NextTokenLogits, windows: Tensor, batch_size: int 
     return HeldOutNLL(total.item(), windows.numel(), bound)
 
 
+def stratified(n: int, draws: int, high: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """(n, draws) integers in 1..``high``, each row one draw from each of ``draws`` equal strata of
+    [0, 1) scaled to 1..high: averaged over a row, an unbiased estimate of a mean over k uniform in
+    1..high, with less variance than as many independent draws."""
+    u = torch.rand((n, draws), generator=generator, device=device, dtype=torch.float64)
+    return ((torch.arange(draws, device=device) + u) / draws * high).floor().long() + 1
+
+
 def masked_diffusion_bound(log_probs_of: Callable[[Tensor], Tensor], x0: Tensor, mask_id: int, generator: torch.Generator,
                            draws: int) -> Tensor:
     """Each window's continuous-time bound on −log p_θ(x₀) (n,), float64, in nats, estimated with
@@ -84,8 +92,7 @@ def masked_diffusion_bound(log_probs_of: Callable[[Tensor], Tensor], x0: Tensor,
     becomes a weight of at most L. With the exact posterior as denoiser its expectation is −log p(x₀)
     itself (the bound is tight); with a denoiser that ignores its input, that denoiser's NLL."""
     n, length = x0.shape
-    u = torch.rand((n, draws), generator=generator, device=x0.device, dtype=torch.float64)
-    counts = ((torch.arange(draws, device=x0.device) + u) / draws * length).floor().long() + 1
+    counts = stratified(n, draws, length, generator, x0.device)
     total = torch.zeros(n, dtype=torch.float64, device=x0.device)
     for k in range(draws):
         count = counts[:, k]
@@ -105,4 +112,73 @@ def masked_diffusion_nll(log_probs_of: Callable[[Tensor], Tensor], windows: Tens
     generator = torch.Generator(device=windows.device).manual_seed(seed)
     total = sum(masked_diffusion_bound(log_probs_of, windows[first:first + batch_size], mask_id, generator,
                                        BOUND_DRAWS).sum().item() for first in range(0, len(windows), batch_size))
+    return HeldOutNLL(total, windows.numel(), bound=True)
+
+
+def gaussian_diffusion_bound(predict_x0: Callable[[Tensor, Tensor], Tensor],
+                             decoder_log_probs: Callable[[Tensor], Tensor], ids: Tensor, embeddings: Tensor,
+                             alpha_bar: Callable[[Tensor], Tensor], sigma_0: float, steps: int,
+                             generator: torch.Generator, draws: int) -> Tensor:
+    """Each window's bound on −log p_θ(w) (n,), float64, in nats, for a Gaussian diffusion over
+    token embeddings with x̂₀-prediction, estimated with ``draws`` draws per window.
+
+    The forward process is the method's own: x₀ ~ N(Emb(w), σ₀²I), z_t ~ N(√ᾱ(t)·x₀, (1 − ᾱ(t))I),
+    so given w, z_t ~ N(a_t·e, s_t²I) with e = Emb(w) (``embeddings``, (n, L, d)), a_t = √ᾱ(t) and
+    s_t² = 1 − ᾱ(t) + ᾱ(t)σ₀². The model is the ``steps``-step chain from z₁ ~ N(0, I) down to
+    z₀ at t = k/steps, each step the posterior q(z_s | z_t, e = ê) (Kingma et al. 2021, VDM), where
+    ê is E[e | z_t] implied by the denoiser's x̂₀ = ``predict_x0``(z_t, t) ≈ E[x₀ | z_t]:
+
+        E[x₀ | z_t] = (b²/s²)·E[e | z_t] + (a·σ₀²/s²)·z_t,  b² = 1 − ᾱ(t),  so  ê = (s²·x̂₀ − a·σ₀²·z_t)/b²;
+
+    then w from z₀ by ``decoder_log_probs`` (n, L, V) of x̂₀(z₀, 0), the method's rounding. The bound is
+
+        KL(q(z₁ | w) ‖ N(0, I))  +  (steps/2)·E_k[(SNR(s) − SNR(t))·‖e − ê(z_t, t)‖²]  +  E[−log p(w | z₀)],
+
+    SNR = a²/s², k uniform in 1..steps (stratified over the draws), t = k/steps, s = (k − 1)/steps.
+    With the exact posterior mean as denoiser and a decoder that reads w exactly, it approaches
+    −log p(w) as the steps grow (the reverse chain then is the forward one reversed)."""
+    n = len(embeddings)
+    e = embeddings.double()
+    device = e.device
+
+    def at(t: float) -> tuple[Tensor, Tensor]:
+        signal = alpha_bar(torch.tensor(t, dtype=torch.float64, device=device))
+        return signal, 1.0 - signal + signal * sigma_0 ** 2
+
+    def noisy(signal: Tensor, variance: Tensor) -> Tensor:
+        noise = torch.randn(e.shape, generator=generator, device=device, dtype=torch.float64)
+        return signal.sqrt() * e + variance.sqrt() * noise
+
+    signal_1, variance_1 = at(1.0)
+    prior = 0.5 * (variance_1 + signal_1 * e.pow(2) - 1.0 - variance_1.log()).sum((1, 2))
+    ks = stratified(n, draws, steps, generator, device)
+    diffusion = torch.zeros(n, dtype=torch.float64, device=device)
+    for draw in range(draws):
+        t = ks[:, draw].double() / steps
+        signal_t, signal_s = alpha_bar(t), alpha_bar(t - 1.0 / steps)
+        variance_t, variance_s = 1.0 - signal_t + signal_t * sigma_0 ** 2, 1.0 - signal_s + signal_s * sigma_0 ** 2
+        z = noisy(signal_t[:, None, None], variance_t[:, None, None])
+        x0_hat = predict_x0(z.to(embeddings.dtype), t.to(embeddings.dtype)).double()
+        b2, a = (1.0 - signal_t)[:, None, None], signal_t.sqrt()[:, None, None]
+        e_hat = (variance_t[:, None, None] * x0_hat - a * sigma_0 ** 2 * z) / b2
+        weight = signal_s / variance_s - signal_t / variance_t
+        diffusion += steps / 2 * weight * (e - e_hat).pow(2).sum((1, 2))
+    signal_0, variance_0 = at(0.0)
+    reconstruction = torch.zeros(n, dtype=torch.float64, device=device)
+    for _ in range(draws):
+        z0 = noisy(signal_0, variance_0).to(embeddings.dtype)
+        x0_hat = predict_x0(z0, torch.zeros(n, device=device, dtype=embeddings.dtype))
+        log_p = decoder_log_probs(x0_hat).gather(-1, ids[..., None])[..., 0].double()
+        reconstruction -= log_p.sum(-1)
+    return (prior + diffusion / draws + reconstruction / draws).cpu()
+
+
+@torch.no_grad()
+def gaussian_diffusion_nll(bound_of: Callable[[Tensor, torch.Generator], Tensor], windows: Tensor, seed: int,
+                           batch_size: int = 16) -> HeldOutNLL:
+    """``bound_of``(batch, generator), each window's bound (as `gaussian_diffusion_bound` gives it),
+    summed over ``windows`` (n, T), drawn from a generator seeded with ``seed``."""
+    generator = torch.Generator(device=windows.device).manual_seed(seed)
+    total = sum(bound_of(windows[first:first + batch_size], generator).sum().item()
+                for first in range(0, len(windows), batch_size))
     return HeldOutNLL(total, windows.numel(), bound=True)

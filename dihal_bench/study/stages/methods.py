@@ -172,8 +172,9 @@ def baseline_method(run: Run, name: str, budget: Budget, seed: int) -> dict:
                   "options": {k: v for k, v in options.items() if k in sampling_only}}
     samples = run.store.run("samples", sample_job, sample_work)
     # a method that does not override Baseline.test_nll has no likelihood: no job to run
+    read = {k: v for k, v in options.items() if k in cls.likelihood_options}
     likelihood = None if cls.test_nll is Baseline.test_nll else test_nll_job(
-        run, {"train": train_job}, budget, seed,
+        run, {"train": train_job, **({"options": read} if read else {})}, budget, seed,
         lambda windows: trained_model().test_nll(windows, seed, batch_size=sampling.batch_size))
     return {"kind": "baseline", "in_budget": trained["in_budget"], "train": trained,
             "parameters": trained["parameters"], "samples": samples, "test_nll": likelihood,
