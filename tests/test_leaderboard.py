@@ -479,6 +479,36 @@ def test_the_sampling_steps_axis_is_pooled_over_seeds_into_its_own_table(tmp_pat
     assert "Sampling steps K" in (out / "leaderboard.html").read_text()
 
 
+def test_each_records_stages_are_set_against_its_own_estimate_never_pooled(tmp_path):
+    """Two runs of one group, each with its estimate: a line per (record, stage), the ratio of the time
+    taken to the time estimated and whether it is within 25%; a record without an estimate adds none."""
+    results = tmp_path / "results"
+    results.mkdir()
+    taken = {"a.json": {"sweep": 120.0, "metrics": 50.0}, "b.json": {"sweep": 70.0, "metrics": 30.0}}
+    for seed, (name, timings) in enumerate(taken.items()):
+        built = record([seed_entry(seed, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+        built["timings"] = {**timings, "total_seconds": sum(timings.values())}
+        built["estimate"] = {"source": "measured on this machine (cpu, float32)", "total_seconds": 200.0,
+                             "stages": {"sweep": 100.0, "metrics": 100.0}}
+        built["compute"] = {"sweep": {"flops": 2e15, "seconds": timings["sweep"],
+                                      "flops_per_second": 2e15 / timings["sweep"]}}
+        (results / name).write_text(json.dumps(seal_record(built)))
+    write_record(results, "c.json", [seed_entry(5, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])  # no estimate
+    out = tmp_path / "out"
+    _, warnings = build(results, out)
+    assert warnings == []
+    stages = pd.read_csv(out / GROUP / "stages.csv")
+    assert list(zip(stages["record"], stages["stage"])) == [("a.json", "sweep"), ("a.json", "metrics"),
+                                                            ("b.json", "sweep"), ("b.json", "metrics")]
+    assert list(stages["ratio_mean"]) == pytest.approx([1.2, 0.5, 0.7, 0.3])
+    assert list(stages["met"]) == ["met", "faster", "faster", "faster"]
+    assert stages.loc[0, "gflop_per_second_mean"] == pytest.approx(2e15 / 120.0 / 1e9)
+    assert stages.loc[1, "pflop_n"] == 0  # a stage whose FLOPs are not counted: no number
+    markdown = (out / GROUP / "stages.md").read_text()
+    assert "one run record's value for one stage" in markdown and "mean ± sample std" not in markdown
+    assert "Stages against the estimate" in (out / "leaderboard.html").read_text()
+
+
 # --- metric columns come from the records' metrics mapping --------------------------------------
 
 

@@ -12,7 +12,9 @@ group gets these tables:
   S(ℓ) and the sweep's bridgeability and hybrid measurements;
 - proxies: the rank correlation of each proxy and of S(ℓ) with −(bridge validation MSE);
 - budget, where rows were trained at several budget scales (docs/method.md#budget-scales): one
-  row per (row, scale) with its training FLOPs and metrics.
+  row per (row, scale) with its training FLOPs and metrics;
+- steps and frontier, where the suite has those axes; and stages (`stages`): each record's stages
+  against the estimate it printed before it started, one row per (record, stage), never pooled.
 
 and PNG plots (`plot`). The modules follow the data: `read` (records to rows), `aggregate`
 (rows to tables), `render` (tables as md, csv, html, latex), `plot`, and `page` (the single
@@ -46,6 +48,7 @@ from dihal_bench.base.locks import folder_lock
 from dihal_bench.errors import DihalError, unknown_name
 from dihal_bench.leaderboard import render
 from dihal_bench.leaderboard.aggregate import tables
+from dihal_bench.leaderboard.stages import stage_table
 from dihal_bench.leaderboard.page import Sources, render_page
 from dihal_bench.leaderboard.plot import PLOTS, page_picture, plots
 from dihal_bench.leaderboard.read import Group, read_groups
@@ -58,7 +61,7 @@ PUBLISHED_FORMATS = ("md", "csv", "html", "latex")
 #: The files outside the group folders, and the format whose build writes each.
 TOP_LEVEL = {"index.md": "md", "leaderboard.html": "html", "leaderboard.png": "html"}
 #: The tables a group can have (`aggregate.tables`).
-TABLE_NAMES = ("methods", "metrics", "budget", "steps", "frontier", "layers", "proxies")
+TABLE_NAMES = ("methods", "metrics", "budget", "steps", "frontier", "layers", "proxies", "stages")
 
 
 def check_formats(formats: Iterable[str]) -> list[str]:
@@ -76,7 +79,7 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     """Aggregate the run records in ``results_dir`` into leaderboards under ``out_dir``
     (``groups``: those records as ``read_groups`` gave them, for a caller that reads them itself).
 
-    Writes, per (suite, backbone, evaluator) group, ``<group>/methods|metrics|budget|steps|layers|proxies.<ext>``
+    Writes, per (suite, backbone, evaluator) group, ``<group>/<table>.<ext>`` for each of its tables (TABLE_NAMES)
     in each of ``formats`` (md, csv, html, latex) and the PNG plots; plus ``index.md`` (with
     md) and, with html, ``leaderboard.html``, every group on one self-contained page, and
     ``leaderboard.png``, its picture. Everything is rendered before anything is written.
@@ -87,7 +90,8 @@ def build_leaderboards(results_dir: Path, out_dir: Path, formats: Iterable[str] 
     files: dict[str, bytes] = {}
     built = []
     for group in groups:
-        group_tables = {table.name: table for table in tables(group)}
+        stages = stage_table(group)
+        group_tables = {table.name: table for table in (*tables(group), *([stages] if stages else []))}
         for table in group_tables.values():
             for name in formats:
                 text = render.TABLE_RENDERERS[name](table, group)

@@ -149,6 +149,8 @@ class Table:
     columns: list[Column]
     #: the pooled seeds: the n of a value every seed has
     seeds: int
+    #: what a cell is, where it is not a value pooled over seeds (said instead of the seeds)
+    per_cell: str = ""
 
 
 def summarise(rows: pd.DataFrame, by: str, columns: list[str], *, sort: bool = False) -> pd.DataFrame:

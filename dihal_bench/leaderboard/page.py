@@ -535,7 +535,8 @@ def group_section(group: Group, tables: dict[str, Table], plots: dict[str, Plot]
             + (viewer_block(group, tables["methods"], sources) if "methods" in tables else "")
             + (table_block(group, tables["steps"]) if "steps" in tables else "")
             + (table_block(group, tables["frontier"]) if "frontier" in tables else "")
-            + table_block(group, tables["proxies"]) + table_block(group, tables["layers"]) + "</section>\n")
+            + table_block(group, tables["proxies"]) + table_block(group, tables["layers"])
+            + (table_block(group, tables["stages"]) if "stages" in tables else "") + "</section>\n")
 
 
 def render_page(built: list[tuple[Group, dict[str, Table], dict[str, Plot]]], sources: Sources | None = None) -> str:

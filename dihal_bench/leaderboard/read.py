@@ -63,7 +63,7 @@ STEPS_KEYS = ("bridge_mse", "bridge_mse_trace", "bridge_r2", "hybrid_ppl", "kl_t
 #: Keys of the layer and z-score rows besides the proxies': a proxy may not take one.
 LAYER_ROW_KEYS = {"record", "seed", "layer", "chosen", "score", *SWEEP_KEYS}
 #: The kinds of flat rows a record is read into.
-ROW_KINDS = ("methods", "layers", "proxies", "z", "steps", "frontier")
+ROW_KINDS = ("methods", "layers", "proxies", "z", "steps", "frontier", "stages")
 
 
 @dataclass
@@ -385,7 +385,8 @@ def _number(value) -> float:
 
 def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[int], list[str]]:
     """One record as flat rows, one per (seed, method), (seed, layer), (seed, proxy), (seed, locate
-    layer) and (seed, sampling-steps point), each tagged with the record's file name and the seed; plus the
+    layer), (seed, sampling-steps point) and (seed, frontier point), each tagged with the record's file
+    name and the seed, and one per stage of the run (`stage_values`, the file name only); plus the
     record's seeds and its notes (why a seed has no rank correlations)."""
     rows: dict[str, list[dict]] = {kind: [] for kind in ROW_KINDS}
     seeds, notes = [], []
@@ -411,6 +412,7 @@ def record_rows(record: dict, source: str) -> tuple[dict[str, list[dict]], list[
                                             "swept_layers": _number(values.get("n"))})
                 elif not suffix:  # {"warning": why there are none}, said once
                     notes.append(f"No rank correlations for seed {seed} of {source}: {values}.")
+    rows["stages"] = stage_values(record, source)
     return rows, seeds, notes
 
 
@@ -520,6 +522,24 @@ def steps_values(point: dict, suite_steps) -> dict:
 
 #: a frontier point's sampling settings (docs/method.md#frontiers)
 FRONTIER_AXES = ("temperature", "diffusion_steps")
+
+
+def stage_values(record: dict, source: str) -> list[dict]:
+    """The record's stages as rows (record, stage, rates, estimated and taken seconds, FLOPs, FLOP/s);
+    none where the record kept no estimate."""
+    estimate = record.get("estimate")
+    if not isinstance(estimate, dict):
+        return []
+    timings, compute = record.get("timings") or {}, record.get("compute") or {}
+    rates = "measured" if str(estimate.get("source", "")).startswith("measured") else "assumed"
+    rows = []
+    for stage, estimated in (estimate.get("stages") or {}).items():
+        took, counted = timings.get(stage), compute.get(stage) or {}
+        rows.append({"record": source, "stage": stage, "rates": rates, "estimated_seconds": _number(estimated),
+                     "seconds": _number(took), "ratio": _number(took) / _number(estimated) if estimated else math.nan,
+                     "pflop": _number(counted.get("flops")) / 1e15,
+                     "gflop_per_second": _number(counted.get("flops_per_second")) / 1e9})
+    return rows
 
 
 def frontier_values(entry: dict, config: dict, metrics: list[str]) -> list[dict]:

@@ -29,6 +29,7 @@ from dihal_bench.leaderboard.aggregate import (
 from dihal_bench.leaderboard.claims import START_MARKER, embed, evaluate, render
 from dihal_bench.leaderboard.read import Group
 from dihal_bench.leaderboard.render import markdown_body, seeds_note
+from dihal_bench.leaderboard.stages import stage_table
 
 #: the project's texts that hold generated blocks, relative to the repository root: the publish
 #: step names each (tests/test_readme_tables.py checks that no other text holds one)
@@ -55,7 +56,8 @@ def results_table(group: Group) -> str:
 #: the tables a ``results:FOLDER/TABLE`` block can hold whole: name -> (the kind of the group's rows it is
 #: made of, its builder, which returns None where the rows make no such table)
 WHOLE_TABLES = {"steps": ("steps", steps_table), "layers": ("layers", layer_table),
-                "budget": ("methods", budget_table), "frontier": ("frontier", frontier_table)}
+                "budget": ("methods", budget_table), "frontier": ("frontier", frontier_table),
+                "stages": ("stages", stage_table)}
 
 
 def whole_table(group: Group, name: str) -> Table | None:

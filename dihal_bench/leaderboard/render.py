@@ -187,6 +187,8 @@ def pooled(table: Table) -> bool:
 
 def seeds_note(table: Table) -> str:
     """The table's n, said once for all its cells (a cell over fewer seeds says its own)."""
+    if table.per_cell:
+        return table.per_cell
     if table.seeds == 1:
         return "Each cell: the value of the one seed pooled (no std over seeds)."
     return (f"Each cell: mean ± sample std (ddof=1) over n = {table.seeds} seeds "
