@@ -179,6 +179,27 @@ def test_a_sealed_record_is_counted_at_read_time():
     assert stages["baselines"]["flops_per_second"] > 0
 
 
+@pytest.mark.skipif(not (RECORDS / "rivals-smollm2-135m-20261203T162113Z.json").exists(), reason="record absent")
+def test_a_frontier_point_costs_its_rows_samples_at_its_steps_share_and_their_scoring():
+    """A temperature point draws as its row does; a point at half the suite's diffusion steps draws at
+    half the row's count; each is scored as a row's samples are (the metrics stage's share per row)."""
+    from dihal_bench.study.compute import stage_flops
+
+    record = json.loads((RECORDS / "rivals-smollm2-135m-20261203T162113Z.json").read_text())
+    seed = record["per_seed"][0]
+    assert "frontier" not in stage_flops(record, seed)  # a run without points has no such stage
+    sampling = record["config"]["sampling"]
+    seed["frontier"] = [{"method": "ar-lora", "temperature": 0.7},
+                        {"method": "ar2diff-lora", "diffusion_steps": sampling["diffusion_steps"] // 2}]
+    stages = stage_flops(record, seed)
+    scored = sum(1 for row in seed["methods"].values() if row.get("samples"))
+    scoring = stages["metrics"] / scored
+    tokens = sampling["samples"] * sampling["seq_len"]
+    per_token = {name: row_compute(record, seed, name)["inference_flops_per_token"] for name in ("ar-lora", "ar2diff-lora")}
+    expected = per_token["ar-lora"] * tokens + per_token["ar2diff-lora"] * tokens / 2 + 2 * scoring
+    assert stages["frontier"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_run_records_each_rows_compute_as_a_reading_would_count_it(tiny_suite_file, tmp_path):
     result = subprocess.run([sys.executable, "-m", "dihal_bench.cli", "run", "--suite", str(tiny_suite_file),
                              "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--quiet"],

@@ -161,7 +161,8 @@ def sampled(account: dict, config: dict) -> float:
 def stage_flops(record: dict, seed_entry: dict) -> dict[str, float | None]:
     """FLOPs of one seed's stages, as counted (docs/method.md#counting-compute): locate's pass,
     the targets job, the sweep's bridges trained, each row's training and samples, the
-    evaluator's scoring; None for what is not counted (latency, the steps axis)."""
+    evaluator's scoring, the frontier points' samples and scoring; None for what is not counted
+    (latency, the steps axis, the held-out likelihoods)."""
     config, backbone = record["config"], backbone_flops(record["backbone"])
     evaluator = backbone_flops(record.get("evaluator") or "")
     if backbone is None:
@@ -187,11 +188,32 @@ def stage_flops(record: dict, seed_entry: dict) -> dict[str, float | None]:
         own = [rows[name]["train_flops"] - (targets_share(backbone, work, seed_entry["methods"][name])
                                             if stage != "baselines" else 0.0) for name in chosen]
         out[stage] = sum(own) + sum(sampled(rows[name], config) for name in chosen)
+    sampling = config["sampling"]
+    # the evaluator's pass over one row's samples
+    scoring = (sampling["samples"] * sampling["seq_len"] * evaluator.forward(sampling["seq_len"])
+               if evaluator is not None else None)
     scored = sum(1 for row in seed_entry["methods"].values() if row.get("samples"))
-    out["metrics"] = (scored * config["sampling"]["samples"] * config["sampling"]["seq_len"]
-                      * evaluator.forward(config["sampling"]["seq_len"]) if evaluator is not None else None)
+    out["metrics"] = scored * scoring if scoring is not None else None
     out["references"] = 0.0
+    points = seed_entry.get("frontier") or []
+    if points:
+        out["frontier"] = frontier_flops(points, rows, config, scoring)
     return out
+
+
+def frontier_flops(points: list[dict], rows: dict[str, dict], config: dict, scoring: float | None) -> float | None:
+    """FLOPs of a seed's frontier points: each point's samples, drawn at its row's inference count
+    (a diffusion point's scaled by its share of the suite's steps, as the dry run prices it), and
+    scored by the evaluator; None where a row's count or the evaluator's is unknown."""
+    steps = config["sampling"].get("diffusion_steps")
+    total = 0.0
+    for point in points:
+        per_token = rows[point["method"]]["inference_flops_per_token"]
+        if per_token is None or scoring is None:
+            return None
+        share = point["diffusion_steps"] / steps if "diffusion_steps" in point and steps else 1.0
+        total += sampled({"inference_flops_per_token": per_token * share}, config) + scoring
+    return total
 
 
 def targets_share(backbone: BackboneFlops, work: MethodWork, row: dict) -> float:
