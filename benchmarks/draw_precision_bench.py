@@ -11,7 +11,8 @@ The known answer: for draws X from p, the mean surprisal −log p(X) (p in float
 estimate of the entropy H(p), with standard error std(−log p(X))/√N; a sampler whose draws miss the
 tail comes out below H. Also the share of draws from the tail (tokens of probability < 1e-6) against its
 exact mass; and, drawing both from one random stream, the share of draws in which the project's float32
-sampler picks another token than the same draw in float64. Run: ``python benchmarks/draw_precision_bench.py --json benchmarks/results/draw_precision.json``
+sampler picks another token than the same draw in float64. Run:
+``python benchmarks/draw_precision_bench.py --json benchmarks/results/draw_precision.json``
 (about 4 minutes on 2 cores; ``--quick`` checks that it runs). docs/method.md#sampling cites it.
 """
 
@@ -75,7 +76,8 @@ def main() -> None:
     rows = [case(exponent, temperature, draws, args.seed) for exponent, temperature in CASES]
     print(f"{'case':>16}  {'H (nats)':>9}  " + "  ".join(f"{name:>30}" for name in SAMPLERS))
     for row in rows:
-        cells = [f"{row[name]['entropy_estimate'] - row['entropy']:+.4f} (z {row[name]['z']:+.1f})" for name in SAMPLERS]
+        cells = [f"{row[name]['entropy_estimate'] - row['entropy']:+.4f} (z {row[name]['z']:+.1f})"
+                 for name in SAMPLERS]
         print(f"s={row['zipf_exponent']}, T={row['temperature']}".rjust(16) + f"  {row['entropy']:9.4f}  "
               + "  ".join(f"{cell:>30}" for cell in cells))
     print("each cell: mean surprisal of the draws − H(p), and its z (a sampler true to p stays within |z| ≲ 3)")

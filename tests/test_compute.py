@@ -195,7 +195,8 @@ def test_a_frontier_point_costs_its_rows_samples_at_its_steps_share_and_their_sc
     scored = sum(1 for row in seed["methods"].values() if row.get("samples"))
     scoring = stages["metrics"] / scored
     tokens = sampling["samples"] * sampling["seq_len"]
-    per_token = {name: row_compute(record, seed, name)["inference_flops_per_token"] for name in ("ar-lora", "ar2diff-lora")}
+    per_token = {name: row_compute(record, seed, name)["inference_flops_per_token"]
+                 for name in ("ar-lora", "ar2diff-lora")}
     expected = per_token["ar-lora"] * tokens + per_token["ar2diff-lora"] * tokens / 2 + 2 * scoring
     assert stages["frontier"] == pytest.approx(expected, rel=1e-12)
 

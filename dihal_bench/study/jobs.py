@@ -121,7 +121,7 @@ class JobStore:
                                                     "revision": revision,
                                                     "sha256": {"result": json_sha256(result),
                                                                "files": _artifact_hashes(folder)}})
-        except (FileNotFoundError, DihalError) as exc:  # another process deleted the store (or a job in it) meanwhile?
+        except (FileNotFoundError, DihalError) as exc:  # did another process delete the store, or a job in it?
             error = self.vanished(exc, folder)
             if error is None:
                 raise
