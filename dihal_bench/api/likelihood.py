@@ -105,14 +105,22 @@ def masked_diffusion_bound(log_probs_of: Callable[[Tensor], Tensor], x0: Tensor,
 
 
 @torch.no_grad()
+def bound_nll(bound_of: Callable[[Tensor, torch.Generator], Tensor], windows: Tensor, seed: int,
+              batch_size: int = 16) -> HeldOutNLL:
+    """A diffusion method's bound summed over ``windows`` (n, T): ``bound_of``(batch, generator) gives
+    each window's bound (as `masked_diffusion_bound` or `gaussian_diffusion_bound` do), ``batch_size``
+    windows at a time, all draws from one generator seeded with ``seed``."""
+    generator = torch.Generator(device=windows.device).manual_seed(seed)
+    total = sum(bound_of(windows[first:first + batch_size], generator).sum().item()
+                for first in range(0, len(windows), batch_size))
+    return HeldOutNLL(total, windows.numel(), bound=True)
+
+
 def masked_diffusion_nll(log_probs_of: Callable[[Tensor], Tensor], windows: Tensor, mask_id: int, seed: int,
                          batch_size: int = 16) -> HeldOutNLL:
-    """The bound of `masked_diffusion_bound` summed over ``windows`` (n, T), `BOUND_DRAWS` draws per
-    window from a generator seeded with ``seed``, ``batch_size`` windows at a time."""
-    generator = torch.Generator(device=windows.device).manual_seed(seed)
-    total = sum(masked_diffusion_bound(log_probs_of, windows[first:first + batch_size], mask_id, generator,
-                                       BOUND_DRAWS).sum().item() for first in range(0, len(windows), batch_size))
-    return HeldOutNLL(total, windows.numel(), bound=True)
+    """The bound of `masked_diffusion_bound` summed over ``windows`` (n, T), `BOUND_DRAWS` draws per window."""
+    return bound_nll(lambda batch, generator: masked_diffusion_bound(log_probs_of, batch, mask_id, generator,
+                                                                     BOUND_DRAWS), windows, seed, batch_size)
 
 
 def gaussian_diffusion_bound(predict_x0: Callable[[Tensor, Tensor], Tensor],
@@ -141,8 +149,9 @@ def gaussian_diffusion_bound(predict_x0: Callable[[Tensor, Tensor], Tensor],
     e = embeddings.double()
     device = e.device
 
-    def at(t: float) -> tuple[Tensor, Tensor]:
-        signal = alpha_bar(torch.tensor(t, dtype=torch.float64, device=device))
+    def at(t: float | Tensor) -> tuple[Tensor, Tensor]:
+        """ᾱ(t) and s_t² at a time or at each row's time (n,)."""
+        signal = alpha_bar(torch.as_tensor(t, dtype=torch.float64, device=device))
         return signal, 1.0 - signal + signal * sigma_0 ** 2
 
     def noisy(signal: Tensor, variance: Tensor) -> Tensor:
@@ -155,8 +164,7 @@ def gaussian_diffusion_bound(predict_x0: Callable[[Tensor, Tensor], Tensor],
     diffusion = torch.zeros(n, dtype=torch.float64, device=device)
     for draw in range(draws):
         t = ks[:, draw].double() / steps
-        signal_t, signal_s = alpha_bar(t), alpha_bar(t - 1.0 / steps)
-        variance_t, variance_s = 1.0 - signal_t + signal_t * sigma_0 ** 2, 1.0 - signal_s + signal_s * sigma_0 ** 2
+        (signal_t, variance_t), (signal_s, variance_s) = at(t), at(t - 1.0 / steps)
         z = noisy(signal_t[:, None, None], variance_t[:, None, None])
         x0_hat = predict_x0(z.to(embeddings.dtype), t.to(embeddings.dtype)).double()
         b2, a = (1.0 - signal_t)[:, None, None], signal_t.sqrt()[:, None, None]
@@ -172,13 +180,3 @@ def gaussian_diffusion_bound(predict_x0: Callable[[Tensor, Tensor], Tensor],
         reconstruction -= log_p.sum(-1)
     return (prior + diffusion / draws + reconstruction / draws).cpu()
 
-
-@torch.no_grad()
-def gaussian_diffusion_nll(bound_of: Callable[[Tensor, torch.Generator], Tensor], windows: Tensor, seed: int,
-                           batch_size: int = 16) -> HeldOutNLL:
-    """``bound_of``(batch, generator), each window's bound (as `gaussian_diffusion_bound` gives it),
-    summed over ``windows`` (n, T), drawn from a generator seeded with ``seed``."""
-    generator = torch.Generator(device=windows.device).manual_seed(seed)
-    total = sum(bound_of(windows[first:first + batch_size], generator).sum().item()
-                for first in range(0, len(windows), batch_size))
-    return HeldOutNLL(total, windows.numel(), bound=True)

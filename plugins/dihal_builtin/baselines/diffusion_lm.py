@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from dihal_bench import hookimpl
 from dihal_bench.api.backbone import Backbone
 from dihal_bench.api.flops import FlopAccount, MethodWork
-from dihal_bench.api.likelihood import BOUND_DRAWS, HeldOutNLL, gaussian_diffusion_bound, gaussian_diffusion_nll
+from dihal_bench.api.likelihood import BOUND_DRAWS, HeldOutNLL, bound_nll, gaussian_diffusion_bound
 from dihal_bench.api.sampling import NO_DRAW
 from dihal_bench.errors import DihalError
 from dihal_bench.training.budget import Budget
@@ -180,7 +180,7 @@ class DiffusionLM(DiffusionBaseline):
                                             table[ids], sqrt_alpha_bar, self.sigma_0, self.steps, generator,
                                             BOUND_DRAWS)
 
-        return gaussian_diffusion_nll(bound_of, windows.to(self.backbone.device), seed, batch_size)
+        return bound_nll(bound_of, windows.to(self.backbone.device), seed, batch_size)
 
 
 @hookimpl
