@@ -1,6 +1,6 @@
 """The claims table: verdicts follow their decision rules on records with known answers, a record
 without per-sample NLLs gets "not tested", and the README embeds exactly what `dihal-bench claims`
-prints for the committed records."""
+prints for the committed records (its summary: claim, where, verdict)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,13 @@ from dihal_bench.leaderboard.claims import (
     NOT_TESTED,
     REPRODUCED,
     START_MARKER,
+    SUMMARY_END,
+    SUMMARY_START,
     YES,
-    claims_markdown,
+    claims_of,
     embed,
     evaluate,
+    render,
 )
 from dihal_bench.leaderboard.read import Group
 
@@ -161,26 +164,44 @@ def test_records_without_per_sample_nlls_are_not_tested_rather_than_given_a_numb
         assert rows[claim].verdict == NOT_TESTED and "per-sample NLLs" in rows[claim].interval
 
 
-def test_the_readme_embeds_the_table_generated_from_the_committed_records():
+def test_the_readme_embeds_the_claims_generated_from_the_committed_records():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert readme.count(START_MARKER) == 1 and readme.count(END_MARKER) == 1
-    generated = claims_markdown(ROOT / "results", warn=lambda message: None)
-    assert embed(readme, generated) == readme, "README claims table is stale: run `dihal-bench claims --readme README.md`"
+    assert readme.count(SUMMARY_START) == 1 and readme.count(SUMMARY_END) == 1
+    rows = claims_of(ROOT / "results", warn=lambda message: None)
+    assert embed(readme, rows) == readme, "README claims are stale: run `dihal-bench claims --readme README.md`"
+
+
+def test_the_summary_gives_each_claim_where_it_was_measured_and_its_verdict_as_the_full_table_does():
+    rows = claims_of(ROOT / "results", warn=lambda message: None)
+    text = f"a\n{START_MARKER}\nold\n{END_MARKER}\nb\n{SUMMARY_START}\nold\n{SUMMARY_END}\nc\n"
+    filled = embed(text, rows)
+    full, summary = filled.split(SUMMARY_START)
+    assert render(rows) in full and "old" not in filled and filled.endswith(f"{SUMMARY_END}\nc\n")
+    lines = summary.split(SUMMARY_END)[0].strip().splitlines()[2:]  # past the header and its rule
+    assert len(lines) == len(rows)
+    for line, row in zip(lines, rows):
+        claim, where, verdict = (part.strip() for part in line.strip("|").split(" | "))
+        # each row's group is the one its measurement names; the verdict is the full table's
+        assert row.measurement.startswith(f"{where}: ") and verdict == f"**{row.verdict}**"
+    assert {row.where for row in rows} >= {"smollm2-135m (diagnostic)", "smollm2-135m (rivals)"}
 
 
 def test_the_claims_command_prints_the_table_and_writes_it_between_the_markers(tmp_path):
     runner = CliRunner()
     printed = runner.invoke(cli, ["claims", "--results", str(ROOT / "results")])
     assert printed.exit_code == 0, printed.output
-    table = claims_markdown(ROOT / "results", warn=lambda message: None)
+    rows = claims_of(ROOT / "results", warn=lambda message: None)
+    table = render(rows)
     assert table in printed.output
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{START_MARKER}\nold table\n{END_MARKER}\nafter\n", encoding="utf-8")
     written = runner.invoke(cli, ["claims", "--results", str(ROOT / "results"), "--readme", str(readme)])
     assert written.exit_code == 0, written.output
     assert readme.read_text(encoding="utf-8") == f"before\n{START_MARKER}\n{table}\n{END_MARKER}\nafter\n"
-    with pytest.raises(DihalError, match="markers|claims:start"):
-        embed("no markers here", table)
+    with pytest.raises(DihalError, match="claims:start"):
+        embed("no markers here", rows)
+    with pytest.raises(DihalError, match="no <!-- claims:end --> after it"):
+        embed(f"{START_MARKER}\nold table\n", rows)
     missing = runner.invoke(cli, ["claims", "--results", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "Error:" in missing.output
 
@@ -288,7 +309,7 @@ def test_a_correlation_that_is_not_shown_says_how_many_seeds_would_decide_it():
 
 
 def test_a_paired_claim_states_what_matched_leaves_out_the_training_compute():
-    table = claims_markdown(ROOT / "results", warn=lambda message: None)
+    table = render(claims_of(ROOT / "results", warn=lambda message: None))
     rival = next(line for line in table.splitlines() if "fine-tuned autoregressively with LoRA" in line)
     # ar-lora trains the whole backbone's passes; DiHAL a 2.6M-parameter bridge over stored states
     ratio = float(rival.split("training compute ÷ DiHAL's: ar-lora ")[1].split("×")[0])

@@ -64,21 +64,22 @@ def leaderboard(results_dir, formats, out_dir, readmes):
               help="Run records to read (pooled as the leaderboard pools them).")
 @click.option("--readme", type=click.Path(dir_okay=False, exists=True),
               help="Write the table into this file between its <!-- claims:start --> and <!-- claims:end --> markers "
-                   "instead of printing it.")
+                   "(and its summary, claims and verdicts, between <!-- claims:summary:start --> and "
+                   "<!-- claims:summary:end -->) instead of printing it.")
 def claims(results_dir, readme):
     """The paper's claims as a Markdown table: measurement, decision rule, interval and verdict from
     the run records (rules: docs/method.md#claims-and-decision-rules)."""
     from dihal_bench.base.files import write_bytes_atomic
-    from dihal_bench.leaderboard.claims import claims_markdown, embed
+    from dihal_bench.leaderboard.claims import claims_of, embed, render
 
     if not Path(results_dir).is_dir():
         raise DihalError(f"no run records: {results_dir!r} is not a folder")
-    table = claims_markdown(Path(results_dir), warn=lambda message: click.echo(f"Warning: {message}", err=True))
+    rows = claims_of(Path(results_dir), warn=lambda message: click.echo(f"Warning: {message}", err=True))
     if readme is None:
-        click.echo(table)
+        click.echo(render(rows))
         return
     text = Path(readme).read_text(encoding="utf-8")
-    write_bytes_atomic(Path(readme), embed(text, table).encode("utf-8"))
+    write_bytes_atomic(Path(readme), embed(text, rows).encode("utf-8"))
     click.echo(f"wrote the claims table into {readme}")
 
 

@@ -1,6 +1,7 @@
 """The paper's claims, each measured on the run records and decided by a rule written down before
-the numbers (docs/method.md#claims-and-decision-rules): ``dihal-bench claims``, whose Markdown the
-README embeds between ``<!-- claims:start -->`` and ``<!-- claims:end -->``.
+the numbers (docs/method.md#claims-and-decision-rules): ``dihal-bench claims``, whose Markdown a text
+embeds between ``<!-- claims:start -->`` and ``<!-- claims:end -->`` (its summary, claim and verdict
+alone, between ``<!-- claims:summary:start -->`` and ``<!-- claims:summary:end -->``).
 
 Records are read and pooled as the leaderboard reads them (`read.read_groups`: each (configuration,
 seed) once, from its newest record). Every verdict is one of `VERDICTS` and cites its rule and its
@@ -13,8 +14,9 @@ rows at several budget scales, a paired Gen.PPL claim's verdict cell lists one o
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dihal_bench.errors import DihalError
@@ -34,6 +36,8 @@ from dihal_bench.study.plan import scaled_label, split_scale
 
 START_MARKER = "<!-- claims:start -->"
 END_MARKER = "<!-- claims:end -->"
+SUMMARY_START = "<!-- claims:summary:start -->"
+SUMMARY_END = "<!-- claims:summary:end -->"
 #: the paper's Spearman ρ of S(ℓ) with bridgeability (Llama-3.1-8B; 0.93 on Qwen3-8B): the lower one
 PAPER_RHO = 0.91
 #: every test and interval of the table is at this level (two-sided 95%)
@@ -72,11 +76,13 @@ class Claim:
     rule: str
     interval: str
     verdict: str
+    #: the group it was measured on, "backbone (suite)"; empty for a claim no record speaks to
+    where: str = ""
 
 
-def claims_markdown(results_dir: Path, warn: Callable[[str], None] = print) -> str:
-    """The claims table of the run records in ``results_dir``, as Markdown (no trailing newline)."""
-    return render(evaluate(read_groups(Path(results_dir), warn)))
+def claims_of(results_dir: Path, warn: Callable[[str], None] = print) -> list[Claim]:
+    """The claims of the run records in ``results_dir``, pooled as the leaderboard pools them."""
+    return evaluate(read_groups(Path(results_dir), warn))
 
 
 def evaluate(groups: list[Group]) -> list[Claim]:
@@ -89,20 +95,23 @@ def evaluate(groups: list[Group]) -> list[Claim]:
     control, but from the same seeds and settings as the diagnostic suite's: its samples are the
     same samples again, so a second row of the paper's claims from it would count one measurement
     twice, not add a replication."""
+    def of(group: Group, claims: list[Claim]) -> list[Claim]:
+        return [replace(claim, where=name(group)) for claim in claims]
+
     rows: list[Claim] = []
     for group in groups:
-        rows += [correlation_claim(group)] if any(rank_series(e) for _, e in group.entries) else []
+        rows += of(group, [correlation_claim(group)]) if any(rank_series(e) for _, e in group.entries) else []
     compared = [group for group in groups if has_gen_ppl(group)]
     paper = [group for group in compared if set(first_methods(group)) & set(PAPER_BASELINES)]
     for group in paper:
-        rows += paper_claims(group)
+        rows += of(group, paper_claims(group))
     if compared and not paper:
         rows.append(Claim(CLAIM_BASELINES, "no committed record with Gen.PPL holds a row of the paper's baselines",
                           "—", "no measurement", NOT_TESTED))
-    rows += [latency_claim(group) for group in compared]
+    rows += [row for group in compared for row in of(group, [latency_claim(group)])]
     for rival in RIVALS if compared else ():
         holding = [group for group in compared if rival in row_scales(group)]
-        rows += [row for group in holding for row in rival_rows(group, rival)] or [untested_rival(rival)]
+        rows += [row for group in holding for row in of(group, rival_rows(group, rival))] or [untested_rival(rival)]
     return rows
 
 
@@ -143,6 +152,13 @@ def render(rows: list[Claim]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(value) for value in (row.claim, row.measurement, row.rule, row.interval,
                                                                f"**{row.verdict}**")) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_summary(rows: list[Claim]) -> str:
+    """The claims table cut to what a reader scans first: each claim, where it was measured, its verdict."""
+    lines = ["| claim of the paper | measured on | verdict |", "|---|---|---|"]
+    lines += [f"| {cell(row.claim)} | {cell(row.where) or '—'} | **{cell(row.verdict)}** |" for row in rows]
     return "\n".join(lines)
 
 
@@ -635,9 +651,27 @@ def p_text(p: float | None) -> str:
     return f"{p:.2g}" if p >= 1e-3 else f"{p:.0e}"
 
 
-def embed(readme: str, table: str) -> str:
-    """``readme`` with the text between the claims markers replaced by ``table``."""
-    start, end = readme.find(START_MARKER), readme.find(END_MARKER)
-    if start < 0 or end < start:
-        raise DihalError(f"the README has no {START_MARKER} … {END_MARKER} block")
-    return readme[:start + len(START_MARKER)] + "\n" + table + "\n" + readme[end:]
+#: the claims blocks a text can hold: start marker -> (end marker, what fills it)
+CLAIM_BLOCKS = {START_MARKER: (END_MARKER, render), SUMMARY_START: (SUMMARY_END, render_summary)}
+
+
+def claim_blocks(text: str) -> list[str]:
+    """The start markers of the claims blocks ``text`` holds, each on a line of its own (prose may
+    name a marker, in backticks, without holding a block)."""
+    lines = set(text.splitlines())
+    return [start for start in CLAIM_BLOCKS if start in lines]
+
+
+def embed(text: str, rows: list[Claim]) -> str:
+    """``text`` with each claims block it holds rewritten from ``rows``."""
+    held = claim_blocks(text)
+    if not held:
+        raise DihalError(f"the text has no claims block ({START_MARKER} or {SUMMARY_START} on a line of its own)")
+    for start in held:
+        end, fill = CLAIM_BLOCKS[start]
+        begin = re.search(f"^{re.escape(start)}$", text, re.M).end()
+        close = text.find(end, begin)
+        if close < 0:
+            raise DihalError(f"the claims block {start} has no {end} after it")
+        text = text[:begin] + "\n" + fill(rows) + "\n" + text[close:]
+    return text

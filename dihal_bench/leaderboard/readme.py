@@ -7,9 +7,10 @@ table of the leaderboard group whose folder is FOLDER (``leaderboards/FOLDER/``)
 pooled diversity, MAUVE with its per-seed interval and the latency ratio, each cell as the
 leaderboard's (mean ± std over the pooled seeds). ``results:FOLDER/TABLE`` holds another of the
 group's tables whole (``steps``: the sampling-steps axis; ``layers``; ``budget``: each scaled row
-through its budget scales). ``<!-- claims:start -->`` …
-``<!-- claims:end -->`` holds the claims table. ``dihal-bench leaderboard --readme FILE`` (once per
-file) rewrites every block of every file named; the prose around them is the author's.
+through its budget scales). ``<!-- claims:start -->`` … ``<!-- claims:end -->`` holds the claims
+table, ``<!-- claims:summary:start -->`` … ``<!-- claims:summary:end -->`` its claims and verdicts
+alone. ``dihal-bench leaderboard --readme FILE`` (once per file) rewrites every block of every file
+named; the prose around them is the author's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dihal_bench.leaderboard.aggregate import (
     method_table,
     steps_table,
 )
-from dihal_bench.leaderboard.claims import START_MARKER, embed, evaluate, render
+from dihal_bench.leaderboard.claims import START_MARKER, SUMMARY_START, Claim, claim_blocks, embed, evaluate
 from dihal_bench.leaderboard.read import Group
 from dihal_bench.leaderboard.render import markdown_body, seeds_note
 from dihal_bench.leaderboard.stages import stage_table
@@ -76,20 +77,14 @@ def group_table(group: Group, name: str) -> str:
     return f"{seeds_note(table)}\n\n{markdown_body(table)}"
 
 
-def has_claims(text: str) -> bool:
-    """Whether ``text`` holds the claims block: its start marker on a line of its own (prose may name
-    the marker, in backticks, without holding a block)."""
-    return START_MARKER in text.splitlines()
-
-
 def has_blocks(text: str) -> bool:
     """Whether ``text`` holds a generated block of either kind."""
-    return has_claims(text) or BLOCK.search(text) is not None
+    return bool(claim_blocks(text)) or BLOCK.search(text) is not None
 
 
-def embed_results(readme: str, groups: list[Group], claims: str | None = None) -> str:
-    """``readme`` with every results block filled from its group, and its claims block (if it has
-    one) with ``claims``, the claims table of all the groups (made here when not given)."""
+def embed_results(readme: str, groups: list[Group], claims: list[Claim] | None = None) -> str:
+    """``readme`` with every results block filled from its group, and its claims blocks (if it has
+    any) from ``claims``, the claims of all the groups (evaluated here when not given)."""
     by_folder = {group.folder: group for group in groups}
 
     def fill(block: re.Match) -> str:
@@ -102,17 +97,17 @@ def embed_results(readme: str, groups: list[Group], claims: str | None = None) -
         return f"{block[1]}{table}\n{block[5]}"
 
     filled = BLOCK.sub(fill, readme)
-    if not has_claims(readme):
+    if not claim_blocks(readme):
         return filled
-    return embed(filled, render(evaluate(groups)) if claims is None else claims)
+    return embed(filled, evaluate(groups) if claims is None else claims)
 
 
 def embed_texts(texts: Mapping[str, str], groups: list[Group]) -> dict[str, str]:
-    """Each named text with its blocks filled (`embed_results`), the claims table made once for
+    """Each named text with its blocks filled (`embed_results`), the claims evaluated once for
     all. A text without any block is refused: its name is probably a slip, and nothing would change."""
     empty = [name for name, text in texts.items() if not has_blocks(text)]
     if empty:
-        raise DihalError(f"--readme {empty[0]}: it holds no generated block (<!-- results:GROUP:start --> or "
-                         f"{START_MARKER})")
-    claims = render(evaluate(groups)) if any(has_claims(text) for text in texts.values()) else None
+        raise DihalError(f"--readme {empty[0]}: it holds no generated block (<!-- results:GROUP:start -->, "
+                         f"{START_MARKER} or {SUMMARY_START})")
+    claims = evaluate(groups) if any(claim_blocks(text) for text in texts.values()) else None
     return {name: embed_results(text, groups, claims) for name, text in texts.items()}
