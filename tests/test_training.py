@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dihal_bench.base.values import parse_value
 from dihal_bench.errors import DihalError
 from dihal_bench.hybrid.training import (
     bridge_windows,
@@ -49,14 +50,19 @@ def test_budget_dict_round_trip():
         Budget.from_dict({"steps_per_epoch": 3})
 
 
-def test_with_overrides_parses_to_field_types():
-    budget = Budget(param_allowance=5).with_overrides(
+def overridden(budget: Budget, typed: dict[str, str]) -> Budget:
+    """``budget`` with values as a user types them after ``--set budget.KEY=`` (TOML syntax)."""
+    return Budget.from_dict({**budget.to_dict(), **{key: parse_value(value) for key, value in typed.items()}})
+
+
+def test_typed_overrides_parse_to_field_types():
+    budget = overridden(Budget(param_allowance=5),
         {"steps": "1e3", "lr": "0.001", "batch_size": "8", "param_allowance": "none", "epochs": "3"}
     )
     assert budget.steps == 1000 and isinstance(budget.steps, int)
     assert budget.lr == 0.001 and budget.batch_size == 8 and budget.epochs == 3
     assert budget.param_allowance is None
-    assert Budget().with_overrides({"param_allowance": "2_000_000"}).param_allowance == 2_000_000
+    assert overridden(Budget(), {"param_allowance": "2_000_000"}).param_allowance == 2_000_000
 
 
 @pytest.mark.parametrize(
@@ -69,9 +75,9 @@ def test_with_overrides_parses_to_field_types():
         ({"warmup_frac": "1.5"}, "warmup_frac"),
     ],
 )
-def test_with_overrides_rejects_bad_input(overrides, message):
+def test_typed_overrides_reject_bad_input(overrides, message):
     with pytest.raises(DihalError, match=message):
-        Budget().with_overrides(overrides)
+        overridden(Budget(), overrides)
 
 
 def test_replace_returns_new_budget():

@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from dihal_bench.base.values import as_float, as_int, parse_value
+from dihal_bench.base.values import as_float, as_int
 from dihal_bench.errors import DihalError
 
 
@@ -82,11 +82,6 @@ class Budget:
 
     def replace(self, **changes) -> Budget:
         return dataclasses.replace(self, **changes)
-
-    def with_overrides(self, overrides: dict[str, str]) -> Budget:
-        """Apply ``{"steps": "100", "param_allowance": "none", ...}`` as typed by the user, through
-        the same value parser as ``--set`` (TOML syntax)."""
-        return Budget.from_dict({**self.to_dict(), **{k: parse_value(v) for k, v in overrides.items()}})
 
     def check_fits(self, n_sequences: int) -> None:
         """Raise unless ``n_sequences`` training sequences cover the run within ``epochs`` passes."""
