@@ -321,10 +321,11 @@ def evaluator_features(
 ) -> np.ndarray:
     """The evaluator's final hidden state at the last real token of each text: (n, d) float32.
 
-    The featurisation of `evaluate_texts`, without scoring, for MAUVE's references.
-    `max_tokens[i]`, if given, further caps text i to that many text tokens (BOS not
-    counted): this is how references are length-matched to generations. No texts give a
-    (0, 0) array.
+    The featurisation of `evaluate_texts`, without scoring, in one call: for a metric plugin that
+    needs only features (the built-in MAUVE keeps `prefix_features` of its references, to cut
+    them at each generation's length). `max_tokens[i]`, if given, further caps text i to that
+    many text tokens (BOS not counted), as references are length-matched to generations. No
+    texts give a (0, 0) array.
     """
     return prefix_features(evaluator, texts, max_batch_tokens=max_batch_tokens, max_length=max_length).at(max_tokens)
 
