@@ -95,23 +95,23 @@ def evaluate(groups: list[Group]) -> list[Claim]:
     control, but from the same seeds and settings as the diagnostic suite's: its samples are the
     same samples again, so a second row of the paper's claims from it would count one measurement
     twice, not add a replication."""
-    def of(group: Group, claims: list[Claim]) -> list[Claim]:
-        return [replace(claim, where=name(group)) for claim in claims]
+    def on(group: Group, claim: Claim) -> Claim:
+        return replace(claim, where=name(group))
 
     rows: list[Claim] = []
     for group in groups:
-        rows += of(group, [correlation_claim(group)]) if any(rank_series(e) for _, e in group.entries) else []
+        rows += [on(group, correlation_claim(group))] if any(rank_series(e) for _, e in group.entries) else []
     compared = [group for group in groups if has_gen_ppl(group)]
     paper = [group for group in compared if set(first_methods(group)) & set(PAPER_BASELINES)]
     for group in paper:
-        rows += of(group, paper_claims(group))
+        rows += [on(group, claim) for claim in paper_claims(group)]
     if compared and not paper:
         rows.append(Claim(CLAIM_BASELINES, "no committed record with Gen.PPL holds a row of the paper's baselines",
                           "—", "no measurement", NOT_TESTED))
-    rows += [row for group in compared for row in of(group, [latency_claim(group)])]
+    rows += [on(group, latency_claim(group)) for group in compared]
     for rival in RIVALS if compared else ():
         holding = [group for group in compared if rival in row_scales(group)]
-        rows += [row for group in holding for row in of(group, rival_rows(group, rival))] or [untested_rival(rival)]
+        rows += [on(group, claim) for group in holding for claim in rival_rows(group, rival)] or [untested_rival(rival)]
     return rows
 
 
