@@ -200,3 +200,45 @@ def test_a_readme_block_holds_the_budget_table_and_a_group_without_scales_is_ref
     write_record(plain, "plain.json", [seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
     with pytest.raises(DihalError, match=r"/budget: that group has no 'budget' table \(a block can hold: layers\)"):
         embed_results(block, read_groups(plain, lambda message: None))
+
+
+def test_the_folded_scales_block_reads_each_row_as_its_curve_on_one_line(scaled, tmp_path):
+    """``results:GROUP/scales`` holds the budget table's Gen.PPL with one column per scale and names the
+    scales the degenerate rule flagged; ``scales_nll`` the same for the held-out likelihood (a scale where no
+    row has one gets no column), refused for a group whose rows have none."""
+    from dihal_bench.leaderboard.readme import embed_results
+    from dihal_bench.leaderboard.scales import scales_table
+
+    group = read_groups(scaled, lambda message: None)[0]
+    table = scales_table(group)
+    assert [column.header for column in table.columns] == [
+        "Row", "1×", "2×", "4×", "Train PFLOP at its lowest scale", "Degenerate at"]
+    line = table.numbers.iloc[0]
+    assert table.labels["row"] == ["x"] and table.labels["degenerate"] == ["2× (seed 0)"]
+    # seeds add 0, 2, 4 to x's Gen.PPL (x@4x ran on seeds 0 and 1 only), as in the budget table
+    assert [line[f"{s}×_mean"] for s in (1, 2, 4)] == pytest.approx([42.0, 32.0, 21.0])
+    assert [line[f"{s}×_n"] for s in (1, 2, 4)] == [3, 3, 2] and line["train_pflop_mean"] == pytest.approx(0.01)
+    block = f"<!-- results:{GROUP}/scales:start -->\nstale\n<!-- results:{GROUP}/scales:end -->\n"
+    filled = re.sub(r" +", " ", embed_results(block, [group]))
+    assert "| x | 42.0 ± 2.0 | 32.0 ± 2.0 | 21.0 ± 1.4 (n=2 seeds) | 0.01000 ± 0 | 2× (seed 0) |" in filled
+    nll_block = block.replace("/scales:", "/scales_nll:")
+    with pytest.raises(DihalError, match=r"/scales_nll: that group has no 'scales_nll' table"):
+        embed_results(nll_block, [group])
+
+    results = tmp_path / "nll"
+    results.mkdir()
+    entries = [scaled_entry(seed) for seed in SEEDS]
+    for seed, entry in zip(SEEDS, entries):
+        for label in ("x", "x@2x"):  # x@4x has no likelihood, and no other row is at 4×: no 4× column
+            nll = 3.0 + seed / 10
+            entry["methods"][label]["test_nll"] = {"kind": "exact", "nats_per_token": nll, "nll_sum": nll * 64,
+                                                   "tokens": 64, "windows": 1, "test_windows": 9, "covered_windows": 4}
+        # z, trained at 1× and 8×: an 8× column, in which x reads —
+        entry["methods"]["z"], entry["methods"]["z@8x"] = (trained(ppl, X_FLOPS * s, scale=s) for ppl, s in ((50.0, 1), (25.0, 8)))
+    write_record(results, "nll.json", entries, metrics=METRICS | EXTRA_METRICS)
+    nll = scales_table(read_groups(results, lambda message: None)[0], "test_nll")
+    assert [column.header for column in nll.columns][1:3] == ["1×", "2×"] and len(nll.columns) == 5
+    filled = re.sub(r" +", " ", embed_results(nll_block, read_groups(results, lambda message: None)))
+    assert "| x | 3.10 ± 0.10 | 3.10 ± 0.10 | 0.01000 ± 0 | 2× (seed 0) |" in filled
+    ppl = re.sub(r" +", " ", embed_results(block, read_groups(results, lambda message: None)))
+    assert "| x | 42.0 ± 2.0 | 32.0 ± 2.0 | 21.0 ± 1.4 (n=2 seeds) | — |" in ppl and "| z | 50.00 ± 0 | — | — | 25.00 ± 0 |" in ppl

@@ -7,7 +7,8 @@ table of the leaderboard group whose folder is FOLDER (``leaderboards/FOLDER/``)
 pooled diversity, MAUVE with its per-seed interval and the latency ratio, each cell as the
 leaderboard's (mean ± std over the pooled seeds). ``results:FOLDER/TABLE`` holds another of the
 group's tables whole (``steps``: the sampling-steps axis; ``layers``; ``budget``: each scaled row
-through its budget scales). ``<!-- claims:start -->`` … ``<!-- claims:end -->`` holds the claims
+through its budget scales; ``scales`` and ``scales_nll``: its Gen.PPL or test NLL folded to one line
+per row, a column per scale; ``frontier``; ``stages``). ``<!-- claims:start -->`` … ``<!-- claims:end -->`` holds the claims
 table, ``<!-- claims:summary:start -->`` … ``<!-- claims:summary:end -->`` its claims and verdicts
 alone. ``dihal-bench leaderboard --readme FILE`` (once per file) rewrites every block of every file
 named; the prose around them is the author's.
@@ -30,6 +31,7 @@ from dihal_bench.leaderboard.aggregate import (
 from dihal_bench.leaderboard.claims import START_MARKER, SUMMARY_START, Claim, claim_blocks, embed, evaluate
 from dihal_bench.leaderboard.read import Group
 from dihal_bench.leaderboard.render import markdown_body, seeds_note
+from dihal_bench.leaderboard.scales import scales_table
 from dihal_bench.leaderboard.stages import stage_table
 
 #: the project's texts that hold generated blocks, relative to the repository root: the publish
@@ -58,7 +60,9 @@ def results_table(group: Group) -> str:
 #: made of, its builder, which returns None where the rows make no such table)
 WHOLE_TABLES = {"steps": ("steps", steps_table), "layers": ("layers", layer_table),
                 "budget": ("methods", budget_table), "frontier": ("frontier", frontier_table),
-                "stages": ("stages", stage_table)}
+                "stages": ("stages", stage_table),
+                "scales": ("methods", scales_table),
+                "scales_nll": ("methods", lambda group: scales_table(group, "test_nll"))}
 
 
 def whole_table(group: Group, name: str) -> Table | None:
