@@ -201,6 +201,24 @@ def test_a_frontier_point_costs_its_rows_samples_at_its_steps_share_and_their_sc
     assert stages["frontier"] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.skipif(not (RECORDS / "rivals-smollm2-135m-20261203T162113Z.json").exists(), reason="record absent")
+def test_the_latency_job_costs_every_timed_decode_at_its_rows_count():
+    """Each timed row decodes once per round (the rivals suite ran 2, before the rounds were kept) 64 tokens
+    at batch 1 and at batch 32 (the warm-up is left out); the backbone is the job's reference. Without an
+    intact-backbone row the job decodes the backbone itself, at the same count: the total is the same."""
+    from dihal_bench.study.compute import stage_flops
+
+    record = json.loads((RECORDS / "rivals-smollm2-135m-20261203T162113Z.json").read_text())
+    seed = record["per_seed"][0]
+    timed = [name for name, row in seed["methods"].items() if row.get("latency")]
+    assert set(timed) == {"dihal-chosen", "control-regressor", "ar-lora", "ar2diff-lora", "ar-backbone"}
+    decoded = (1 + 32) * 2 * 64  # tokens per timed row: both batch sizes, both rounds
+    expected = sum(row_compute(record, seed, name)["inference_flops_per_token"] for name in timed) * decoded
+    assert stage_flops(record, seed)["latency"] == pytest.approx(expected, rel=1e-12)
+    del seed["methods"]["ar-backbone"]
+    assert stage_flops(record, seed)["latency"] == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_run_records_each_rows_compute_as_a_reading_would_count_it(tiny_suite_file, tmp_path):
     result = subprocess.run([sys.executable, "-m", "dihal_bench.cli", "run", "--suite", str(tiny_suite_file),
                              "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"), "--quiet"],

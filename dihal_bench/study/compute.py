@@ -9,6 +9,7 @@ DiHAL and its controls are counted here (the bridge is the suite's); a baseline 
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from dihal_bench.api.flops import TRAINED, BackboneFlops, FlopAccount, MethodWork, dense
@@ -161,8 +162,8 @@ def sampled(account: dict, config: dict) -> float:
 def stage_flops(record: dict, seed_entry: dict) -> dict[str, float | None]:
     """FLOPs of one seed's stages, as counted (docs/method.md#counting-compute): locate's pass,
     the targets job, the sweep's bridges trained, each row's training and samples, the
-    evaluator's scoring, the frontier points' samples and scoring; None for what is not counted
-    (latency, the steps axis, the held-out likelihoods)."""
+    evaluator's scoring, the frontier points' samples and scoring, the latency job's decodes; None
+    for what is not counted (the steps axis, the held-out likelihoods)."""
     config, backbone = record["config"], backbone_flops(record["backbone"])
     evaluator = backbone_flops(record.get("evaluator") or "")
     if backbone is None:
@@ -198,7 +199,37 @@ def stage_flops(record: dict, seed_entry: dict) -> dict[str, float | None]:
     points = seed_entry.get("frontier") or []
     if points:
         out["frontier"] = frontier_flops(points, rows, config, scoring)
+    if any(row.get("latency") for row in seed_entry["methods"].values()):
+        out["latency"] = latency_flops(seed_entry, rows, config, backbone)
     return out
+
+
+def latency_flops(seed_entry: dict, rows: dict[str, dict], config: dict, backbone: BackboneFlops) -> float | None:
+    """FLOPs of a seed's latency job (dihal_bench/study/stages/latency.py): each timed row decodes once
+    per round, at every batch size, sequences of the suite's length, at its count per token; the intact
+    backbone is timed as well where no row is it. The short warm-up decode is left out, as the estimate
+    leaves it (8 tokens against a round's 64: 2.4% of the job at 5 rounds). None where a timed row's
+    count is unknown."""
+    length = config["sampling"]["seq_len"]
+    suite_repeats = config["metrics"]["latency_repeats"]
+    total, has_reference = 0.0, False
+    for name, row in seed_entry["methods"].items():
+        timed = row.get("latency")
+        if not timed:
+            continue
+        per_token = rows[name]["inference_flops_per_token"]
+        if per_token is None:
+            return None
+        sizes = [int(found[1]) for key in timed if (found := re.fullmatch(r"batch(\d+)_seconds_per_sequence", key))]
+        for size in sizes:  # records before the rounds were kept ran the suite's repeats
+            repeats = len(timed.get(f"batch{size}_ratio_per_round") or []) or suite_repeats
+            total += per_token * size * repeats * length
+        registration = get_registry().items["baseline"].get(split_scale(name)[0])
+        has_reference |= bool(registration is not None and registration.obj.intact_backbone)
+    if not has_reference:  # the job's own reference decode: the backbone, cached, at every size
+        sizes = sorted({1, config["sampling"]["batch_size"]})
+        total += backbone.forward((length + 1) / 2) * sum(sizes) * suite_repeats * length
+    return total
 
 
 def frontier_flops(points: list[dict], rows: dict[str, dict], config: dict, scoring: float | None) -> float | None:
