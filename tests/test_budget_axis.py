@@ -140,7 +140,10 @@ def test_the_compute_plot_is_drawn_for_scaled_rows_the_same_every_time(scaled, t
     assert hollow == [pytest.approx((2 * X_FLOPS, 32.0))]  # x@2x, degenerate on seed 0; no other point
     assert sum(len(collection.get_offsets()) for collection in markers) == 4  # x at 3 scales, y
     labels = sorted(text.get_text() for text in axes.texts if text.get_text())
-    assert labels == ["x", "y"]  # each row labelled once
+    # each row labelled once; the held-out text, which trains nothing, as a dotted level at its Gen.PPL
+    assert labels == ["reference-human (no training here)", "x", "y"]
+    levels = [line for line in axes.get_lines() if line.get_linestyle() == ":"]
+    assert [tuple(line.get_ydata()) for line in levels] == [(15.0, 15.0)]
     assert overlapping_texts(figure) == []
 
 

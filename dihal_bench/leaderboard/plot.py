@@ -279,11 +279,25 @@ def scale_points(group: Group) -> pd.DataFrame:
     return points
 
 
+#: the line styles of the compute plot's rows, one per ten (the colour cycle's length)
+SCALE_LINES = ("-", "--", "-.")
+
+
+def untrained_levels(group: Group) -> dict[str, float]:
+    """Each row that trains nothing (zero training FLOPs) -> its Gen.PPL, the mean over seeds; in the
+    methods table's order, rows without a positive Gen.PPL left out."""
+    frame = pd.DataFrame(group.rows["methods"])
+    frame = frame[(frame["train_pflop"] == 0) & (frame[SCALED_METRIC] > 0)]
+    return frame.groupby("row", sort=False)[SCALED_METRIC].mean().to_dict()
+
+
 def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
     """Gen.PPL against training FLOPs (both log), one line per row through its budget scales with the
     seeds' min–max shaded, and the Pareto front over every row and scale (the lowest Gen.PPL at no more
-    training FLOPs) as a dashed step; a degenerate label hollow. Only for a group with budget scales:
-    at one scale per row, compute is the methods table's column, not an axis."""
+    training FLOPs) as a dashed step; a degenerate label hollow. The rows that train nothing (the intact
+    backbone, the references, the skip control) are dotted levels across, labelled at the left: what a
+    trained row has to get below. Only for a group with budget scales: at one scale per row, compute is
+    the methods table's column, not an axis."""
     points = scale_points(group)
     if points.empty:
         return None
@@ -292,13 +306,19 @@ def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
     points["flops"] = points["train_pflop"] * 1e15
     figure, axes = _figure()
     ends = []  # each row's largest scale, where its one label goes
-    for colour, (row, line) in enumerate(points.groupby("row", sort=False)):
-        colour = f"C{colour % 10}"
-        axes.plot(line["flops"], line["mean"], color=colour, linewidth=1.2)
+    for index, (row, line) in enumerate(points.groupby("row", sort=False)):
+        # ten colours, then the same ten dashed with square markers: no two rows look alike
+        colour, dashes, marker = f"C{index % 10}", SCALE_LINES[index // 10 % len(SCALE_LINES)], "os^"[index // 10 % 3]
+        axes.plot(line["flops"], line["mean"], color=colour, linewidth=1.2, linestyle=dashes)
         axes.fill_between(line["flops"], line["low"], line["high"], color=colour, alpha=0.15, linewidth=0)
         for degenerate, kind in line.groupby("degenerate", sort=True):
-            axes.scatter(kind["flops"], kind["mean"], color=colour, zorder=3, facecolors="none" if degenerate else None)
+            axes.scatter(kind["flops"], kind["mean"], color=colour, zorder=3, marker=marker,
+                         facecolors="none" if degenerate else None)
         ends.append((line["flops"].iat[-1], line["mean"].iat[-1], row))
+    left = points["flops"].min()
+    for row, level in untrained_levels(group).items():
+        axes.axhline(level, color="grey", linestyle=":", linewidth=0.9)
+        ends.append((left, level, f"{row} (no training here)"))
     front = sorted((points.loc[i, "flops"], points.loc[i, "mean"])
                    for i in pareto_front(list(zip(-points["flops"], points["mean"]))))
     if len(front) > 1:
@@ -316,7 +336,7 @@ def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
     _title(axes, f"{name} against training compute per budget scale (○ = degenerate)", group)
     place_labels(axes, [x for x, _, _ in ends], [y for _, y, _ in ends], [row for _, _, row in ends])
     return Drawing(figure, f"{name} against training FLOPs, each row through its budget scales (band: "
-                           "min–max over seeds), with the Pareto front")
+                           "min–max over seeds), with the Pareto front; dotted: the rows that train nothing")
 
 
 def temperature_points(group: Group) -> pd.DataFrame:
