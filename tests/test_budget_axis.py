@@ -215,7 +215,7 @@ def test_the_folded_scales_block_reads_each_row_as_its_curve_on_one_line(scaled,
     group = read_groups(scaled, lambda message: None)[0]
     table = scales_table(group)
     assert [column.header for column in table.columns] == [
-        "Row", "1×", "2×", "4×", "Train PFLOP at its lowest scale", "Degenerate at"]
+        "Row", "1×", "2×", "4×", "Train PFLOP (lowest scale)", "Degenerate at"]
     line = table.numbers.iloc[0]
     assert table.labels["row"] == ["x"] and table.labels["degenerate"] == ["2× (seed 0)"]
     # seeds add 0, 2, 4 to x's Gen.PPL (x@4x ran on seeds 0 and 1 only), as in the budget table

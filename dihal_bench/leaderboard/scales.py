@@ -43,7 +43,7 @@ def scales_table(group: Group, metric: str = "gen_ppl") -> Table | None:
     labels = {"row": rows, "degenerate": ["; ".join(flagged[row]) or "no" for row in rows]}
     numbers = numbers.assign(degenerate=labels["degenerate"])
     columns = [Column("row", "Row", "text"), *(Column(scale, scale) for scale in scales),
-               Column("train_pflop", "Train PFLOP at its lowest scale"), Column("degenerate", "Degenerate at", "text")]
+               Column("train_pflop", "Train PFLOP (lowest scale)"), Column("degenerate", "Degenerate at", "text")]
     words = FOLDABLE.get(metric, metric)
     note = (f"The budget table's {words}, one column per budget scale s (s × the matched budget's steps: "
             "docs/method.md#budget-scales); — where the row was not trained at that scale. Train PFLOP: at the "
