@@ -90,21 +90,10 @@ def test_the_frontier_table_puts_each_rows_own_setting_among_its_points(tmp_path
     import pandas as pd
 
     from dihal_bench.leaderboard import build_leaderboards
-    from dihal_bench.study.records import seal_record
-    from test_leaderboard import GROUP, record, seed_entry
+    from test_leaderboard import GROUP
 
-    entries = []
-    for seed in (0, 1):
-        entry = seed_entry(seed, 10.0 + seed, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
-        entry["frontier"] = [{"method": "dihal-chosen", "temperature": t, "samples": {"path": "p", "count": 4},
-                              "samples_job": "x", "metrics": {"gen_ppl": 10 * t + seed, "entropy": 2 * t}}
-                             for t in (0.7, 0.5)]
-        entries.append(entry)
-    built = record(entries)
-    built["config"] = {"sampling": {"temperature": 1.0, "diffusion_steps": 50}}
-    results = tmp_path / "results"
-    results.mkdir()
-    (results / "a.json").write_text(json.dumps(seal_record(built)))
+    results = frontier_results(tmp_path, lambda seed: [
+        point("temperature", t, 10 * t + seed, 2 * t) for t in (0.7, 0.5)])
     build_leaderboards(results, tmp_path / "out", ["md", "csv", "html"], warn=lambda message: None)
     table = pd.read_csv(tmp_path / "out" / GROUP / "frontier.csv")
     assert list(table["method"]) == ["dihal-chosen"] * 3 and set(table["axis"]) == {"temperature"}
@@ -125,4 +114,46 @@ def test_no_frontier_plot_without_a_frontier(tmp_path):
     results.mkdir()
     write_record(results, "a.json", [seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
     [group] = read_groups(results, lambda message: None)
-    assert "gen_ppl_vs_entropy" not in drawings(group, None)
+    assert "gen_ppl_vs_entropy" not in drawings(group, None) and "gen_ppl_vs_steps" not in drawings(group, None)
+
+
+def test_the_steps_frontier_draws_each_diffusion_row_through_its_steps_with_its_own_among_them(tmp_path):
+    """Gen.PPL against NFE: the row's own steps (the suite's 50) joins its points, pooled over seeds, a tick
+    at each count; temperature points are not on it."""
+    from dihal_bench.leaderboard.plot import drawings, one_two_five
+    from dihal_bench.leaderboard.read import read_groups
+
+    results = frontier_results(tmp_path, lambda seed: [  # the row's own Gen.PPL: 10 + seed
+        *(point("diffusion_steps", k, 100.0 / k + seed, 2.0) for k in (25, 5)), point("temperature", 0.5, 3.0, 1.0)])
+    [group] = read_groups(results, lambda message: None)
+    axes = drawings(group, None)["gen_ppl_vs_steps"].figure.axes[0]
+    [line] = [line for line in axes.get_lines() if len(line.get_xdata())]
+    assert list(line.get_xdata()) == [5, 25, 50]
+    assert list(line.get_ydata()) == pytest.approx([20.5, 4.5, 10.5])  # seeds 0 and 1 pooled; 50 is the row
+    assert [tick.get_text() for tick in axes.get_xticklabels()] == ["5", "25", "50"]
+    assert [one_two_five(v) for v in (20000.0, 30000.0, 50.0, 0.2, 7.0)] == ["20000", "", "50", "0.2", ""]
+
+
+def point(axis: str, setting: float, gen_ppl: float, entropy: float) -> dict:
+    """A frontier point of dihal-chosen at ``setting`` of ``axis``."""
+    return {"method": "dihal-chosen", axis: setting, "samples": {"path": "p", "count": 4}, "samples_job": "x",
+            "metrics": {"gen_ppl": gen_ppl, "entropy": entropy}}
+
+
+def frontier_results(tmp_path, points_of_seed):
+    """A results folder with one sealed record of seeds 0 and 1 (dihal-chosen's Gen.PPL 10 + seed) whose
+    frontier points are ``points_of_seed(seed)``, under a suite sampling at temperature 1 in 50 steps."""
+    from dihal_bench.study.records import seal_record
+    from test_leaderboard import record, seed_entry
+
+    entries = []
+    for seed in (0, 1):
+        entry = seed_entry(seed, 10.0 + seed, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)
+        entry["frontier"] = points_of_seed(seed)
+        entries.append(entry)
+    built = record(entries)
+    built["config"] = {"sampling": {"temperature": 1.0, "diffusion_steps": 50}}
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "a.json").write_text(json.dumps(seal_record(built)))
+    return results

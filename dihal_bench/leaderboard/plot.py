@@ -20,6 +20,7 @@ they pool named on it and, for a machine, in a PNG text chunk (`render.citation`
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -339,28 +340,36 @@ def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
                            "min–max over seeds), with the Pareto front; dotted: the rows that train nothing")
 
 
-def temperature_points(group: Group) -> pd.DataFrame:
-    """One point per (row, temperature) of the group's temperature frontiers (docs/method.md#frontiers)
-    with a positive Gen.PPL and an entropy: the means over seeds, each row's temperatures ascending."""
-    if not group.rows["frontier"] or not {"gen_ppl", "entropy"} <= set(group.metrics):
+def frontier_settings(group: Group, axis: str, metrics: tuple[str, ...]) -> pd.DataFrame:
+    """One point per (row, setting) of the group's frontiers along ``axis`` (docs/method.md#frontiers), the
+    row's own setting among them, with a positive Gen.PPL and every one of ``metrics``: the means over
+    seeds, each row's settings ascending."""
+    if not group.rows["frontier"] or not {"gen_ppl", *metrics} <= set(group.metrics):
         return pd.DataFrame()
     frame = pd.DataFrame(group.rows["frontier"])
-    frame = frame[(frame["axis"] == "temperature") & (frame["gen_ppl"] > 0) & frame["entropy"].notna()]
-    return (frame.groupby(["method", "setting"], sort=False).agg(gen_ppl=("gen_ppl", "mean"), entropy=("entropy", "mean"))
+    frame = frame[(frame["axis"] == axis) & (frame["gen_ppl"] > 0) & frame[list(metrics)].notna().all(axis=1)]
+    return (frame.groupby(["method", "setting"], sort=False).agg(**{name: (name, "mean") for name in metrics})
             .reset_index().sort_values(["method", "setting"], kind="stable"))
+
+
+def frontier_lines(points: pd.DataFrame, x: str) -> tuple:
+    """A figure with one line of Gen.PPL against ``x`` per row of ``points``; with each row's last point,
+    where its label goes once the axes are set."""
+    figure, axes = _figure()
+    ends = []
+    for index, (method, line) in enumerate(points.groupby("method", sort=False)):
+        axes.plot(line[x], line["gen_ppl"], marker="o", color=f"C{index % 10}", linewidth=1.2)
+        ends.append((line[x].iat[-1], line["gen_ppl"].iat[-1], method))
+    return figure, axes, ends
 
 
 def plot_temperature_frontier(group: Group, methods: Table | None) -> Drawing | None:
     """Gen.PPL (log) against entropy, one line per row through its temperatures, labelled at its
     highest: where two lines pass the same entropy, the lower one writes the better text at it."""
-    points = temperature_points(group)
+    points = frontier_settings(group, "temperature", ("gen_ppl", "entropy"))
     if points.empty:
         return None
-    figure, axes = _figure()
-    ends = []
-    for colour, (method, line) in enumerate(points.groupby("method", sort=False)):
-        axes.plot(line["entropy"], line["gen_ppl"], marker="o", color=f"C{colour % 10}", linewidth=1.2)
-        ends.append((line["entropy"].iat[-1], line["gen_ppl"].iat[-1], method))
+    figure, axes, ends = frontier_lines(points, "entropy")
     from matplotlib.ticker import LogFormatter
 
     axes.set_yscale("log")
@@ -374,6 +383,40 @@ def plot_temperature_frontier(group: Group, methods: Table | None) -> Drawing | 
                            "(means over seeds; the label at its highest): compare rows at matched entropy")
 
 
+def one_two_five(value: float, _position=None) -> str:
+    """A log axis's tick label: the plain number (20000, not 2e+04) at 1, 2 and 5 times a power of ten,
+    none between, so an axis spanning decades stays readable."""
+    if value <= 0:
+        return ""
+    leading = value / 10 ** math.floor(math.log10(value))
+    return f"{value:g}" if min(abs(leading - mark) for mark in (1, 2, 5)) < 1e-6 else ""
+
+
+def plot_steps_frontier(group: Group, methods: Table | None) -> Drawing | None:
+    """Gen.PPL against the number of denoising steps (NFE), both log, one line per diffusion row through
+    its steps, labelled at its most: what a row's quality costs in sampling passes."""
+    points = frontier_settings(group, "diffusion_steps", ("gen_ppl",))
+    if points.empty:
+        return None
+    figure, axes, ends = frontier_lines(points, "setting")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    # a tick at each step count drawn, as the count (25, not 2.5×10¹); perplexities as plain numbers
+    axes.set_xticks(sorted(set(points["setting"])))
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    for formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
+        formatter(FuncFormatter(one_two_five))
+    name = group.metrics["gen_ppl"]["display_name"]
+    axes.set(xlabel="denoising steps (NFE, log scale)", ylabel=plot_text(f"{name} ↓ (log scale)"))
+    _title(axes, f"{name} against denoising steps", group)
+    place_labels(axes, [x for x, _, _ in ends], [y for _, y, _ in ends], [method for _, _, method in ends])
+    return Drawing(figure, f"{name} against the number of denoising steps, each diffusion row through its steps "
+                           "(means over seeds; the label at its most): what its quality costs in sampling passes")
+
+
 #: File stem -> plot. Stems are fixed, not built from metric names, so links to them hold.
 PLOTS: dict[str, Callable[[Group, Table | None], Drawing | None]] = {
     "proxies_vs_layer": plot_proxies,
@@ -381,6 +424,7 @@ PLOTS: dict[str, Callable[[Group, Table | None], Drawing | None]] = {
     "methods_tradeoff": plot_tradeoff,
     "gen_ppl_vs_train_flops": plot_budget_scales,
     "gen_ppl_vs_entropy": plot_temperature_frontier,
+    "gen_ppl_vs_steps": plot_steps_frontier,
 }
 
 
