@@ -8,10 +8,10 @@ pooled diversity, MAUVE with its per-seed interval and the latency ratio, each c
 leaderboard's (mean ± std over the pooled seeds). ``results:FOLDER/TABLE`` holds another of the
 group's tables whole (``steps``: the sampling-steps axis; ``layers``; ``budget``: each scaled row
 through its budget scales; ``scales`` and ``scales_nll``: its Gen.PPL or test NLL folded to one line
-per row, a column per scale; ``frontier``; ``stages``). ``<!-- claims:start -->`` … ``<!-- claims:end -->`` holds the claims
-table, ``<!-- claims:summary:start -->`` … ``<!-- claims:summary:end -->`` its claims and verdicts
-alone. ``dihal-bench leaderboard --readme FILE`` (once per file) rewrites every block of every file
-named; the prose around them is the author's.
+per row, a column per scale; ``frontier``; ``stages``). ``<!-- claims:start -->`` …
+``<!-- claims:end -->`` holds the claims table, ``<!-- claims:summary:start -->`` …
+``<!-- claims:summary:end -->`` its claims and verdicts alone. ``dihal-bench leaderboard --readme
+FILE`` (once per file) rewrites every block of every file named; the prose around them is the author's.
 """
 
 from __future__ import annotations
