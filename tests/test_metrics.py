@@ -251,6 +251,21 @@ def test_token_budgets_bound_every_batch_and_leave_the_nll_unchanged(model):
         assert evaluation.counts.tolist() == unbatched.counts.tolist()
 
 
+def test_a_large_vocabulary_lowers_the_token_budget_so_that_the_logits_stay_bounded(model):
+    """An evaluator whose vocabulary would make a batch's logits pass MAX_BATCH_LOGITS gets smaller batches
+    (here 40 tokens whatever the budget asked), with the NLLs and counts of that budget."""
+    from dihal_bench.api.metrics import MAX_BATCH_LOGITS
+
+    rng = np.random.default_rng(3)
+    texts = [" ".join(rng.choice(WORDS, size=rng.integers(2, 30))) for _ in range(20)]
+    wide = OnePassEvaluator(model, make_tokenizer(with_bos=True))
+    wide.vocab_size = MAX_BATCH_LOGITS // 40  # the logits of 40 tokens fill the bound
+    bounded = evaluate_texts(wide, texts, max_batch_tokens=10**6)
+    assert all(rows * width <= 40 or rows == 1 for rows, width in wide.passes) and len(wide.passes) > 1
+    asked = evaluate_texts(OnePassEvaluator(model, make_tokenizer(with_bos=True)), texts, max_batch_tokens=40)
+    assert bounded.nll_sums.tolist() == asked.nll_sums.tolist() and bounded.counts.tolist() == asked.counts.tolist()
+
+
 @pytest.mark.parametrize("budget", [0, -5, 2.5, True])
 def test_a_bad_token_budget_is_refused(evaluator, budget):
     with pytest.raises(DihalError, match="max_batch_tokens"):

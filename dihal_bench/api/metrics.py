@@ -39,6 +39,12 @@ MAX_WORD_SHARE = 0.5
 #: of 1024, the largest batch the fixed 8-row batching produced, so peak memory is unchanged
 #: while short texts share a batch (a 262k vocabulary is 1 GiB of float32 logits per 1024 tokens).
 DEFAULT_MAX_BATCH_TOKENS = 8192
+#: The most logits one scoring batch holds (rows × padded length × vocabulary): 2**27, 512 MiB of float32.
+#: Under a 262k vocabulary a batch of DEFAULT_MAX_BATCH_TOKENS made 8 GiB of logits and as much again for
+#: the log-softmax; the pass then ran memory-bound, its process grew to 16 GiB resident and a metrics job
+#: of the ladder suite took ~100 s for 8,000 tokens of Gemma-3-270M on 2 cores, where batches within this
+#: bound score about 1.5-2x faster (benchmarks/evaluator_batching.py) to the same sums but for float rounding.
+MAX_BATCH_LOGITS = 2**27
 #: Target id of positions that predict nothing (cross_entropy gives them NLL 0).
 IGNORED = -100
 
@@ -176,7 +182,8 @@ class MetricContext:
     `evaluator` is the LM that scores and featurises text (None when the run has none;
     metrics that need it raise). `references` are held-out human texts, the P side of MAUVE.
     `max_length` caps the evaluator's input length in tokens, BOS included; an evaluator
-    batch holds at most `max_batch_tokens` rows × padded length (one longer text goes alone).
+    batch holds at most `max_batch_tokens` rows × padded length (one longer text goes alone), fewer
+    when scoring where its logits would pass `MAX_BATCH_LOGITS`.
     A method with fewer than `min_valid` valid samples gets no Gen.PPL or MAUVE, only a
     warning. `mauve_bootstrap` resamples give MAUVE's 95% interval (0: none). `corpus` is the
     run's corpus (None outside a run), for metrics that score samples against the source itself,
@@ -237,6 +244,7 @@ def evaluate_texts(
     in place of gpt2-large, taken from the pass that scores the text.
     """
     _check_batch_tokens(max_batch_tokens)
+    max_batch_tokens = logits_bounded(max_batch_tokens, evaluator)
     encoded = _encode(evaluator.tokenizer, texts, max_length=max_length)
     bos = 0 if evaluator.tokenizer.bos_token_id is None else 1
     nll_sums = np.zeros(len(texts), dtype=np.float64)
@@ -353,6 +361,13 @@ def _last_token_states(hidden: torch.Tensor, attention_mask: torch.Tensor) -> np
     """(B, d) float32: each row's hidden state at its last real (unpadded) position."""
     last = attention_mask.sum(dim=1) - 1
     return hidden[torch.arange(len(hidden), device=hidden.device), last].float().cpu().numpy()
+
+
+def logits_bounded(max_batch_tokens: int, evaluator: Evaluator) -> int:
+    """``max_batch_tokens``, lowered so that a scoring batch's logits stay within `MAX_BATCH_LOGITS`
+    (the vocabulary: the evaluator's ``vocab_size`` where it has one, else its tokenizer's length)."""
+    vocab = getattr(evaluator, "vocab_size", None) or len(evaluator.tokenizer)
+    return max(1, min(max_batch_tokens, MAX_BATCH_LOGITS // vocab))
 
 
 def _check_batch_tokens(max_batch_tokens: int) -> None:
