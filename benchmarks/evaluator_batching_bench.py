@@ -5,7 +5,7 @@ each adds and the summed NLLs compared.
 
 The texts are the suite's sample length (64 tokens of the embedded backbone) cut from stdlib-docs'
 validation split, scored by the embedded evaluator, Gemma-3-270M (a 262,144-token vocabulary: 1 GiB of
-float32 logits per 1,024 tokens). Run: ``python benchmarks/evaluator_batching.py --json
+float32 logits per 1,024 tokens). Run: ``python benchmarks/evaluator_batching_bench.py --json
 benchmarks/results/evaluator_batching.json`` (about 6 minutes on 2 cores, alone; ``--quick`` is a check that
 it runs). dihal_bench/api/metrics.py cites it for MAX_BATCH_LOGITS.
 """
