@@ -42,8 +42,9 @@ DEFAULT_MAX_BATCH_TOKENS = 8192
 #: The most logits one scoring batch holds (rows × padded length × vocabulary): 2**27, 512 MiB of float32.
 #: Under a 262k vocabulary a batch of DEFAULT_MAX_BATCH_TOKENS made 8 GiB of logits and as much again for
 #: the log-softmax; the pass then ran memory-bound, its process grew to 16 GiB resident and a metrics job
-#: of the ladder suite took ~100 s for 8,000 tokens of Gemma-3-270M on 2 cores, where batches within this
-#: bound score about 1.5-2x faster (benchmarks/evaluator_batching_bench.py) to the same sums but for float rounding.
+#: of the ladder suite took ~105 s for 8,000 tokens of Gemma-3-270M on 2 cores, ~62 s within this bound
+#: (the jobs' stored seconds, 2026-12-06), to the same sums but for float rounding. Side by side:
+#: benchmarks/evaluator_batching_bench.py.
 MAX_BATCH_LOGITS = 2**27
 #: Target id of positions that predict nothing (cross_entropy gives them NLL 0).
 IGNORED = -100

@@ -280,8 +280,8 @@ def scale_points(group: Group) -> pd.DataFrame:
     return points
 
 
-#: the line styles of the compute plot's rows, one per ten (the colour cycle's length)
-SCALE_LINES = ("-", "--", "-.")
+#: the line style and marker of the compute plot's rows, one pair per ten rows (the colour cycle's length)
+SCALE_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"))
 
 
 def untrained_levels(group: Group) -> dict[str, float]:
@@ -309,7 +309,7 @@ def plot_budget_scales(group: Group, methods: Table | None) -> Drawing | None:
     ends = []  # each row's largest scale, where its one label goes
     for index, (row, line) in enumerate(points.groupby("row", sort=False)):
         # ten colours, then the same ten dashed with square markers: no two rows look alike
-        colour, dashes, marker = f"C{index % 10}", SCALE_LINES[index // 10 % len(SCALE_LINES)], "os^"[index // 10 % 3]
+        colour, (dashes, marker) = f"C{index % 10}", SCALE_STYLES[index // 10 % len(SCALE_STYLES)]
         axes.plot(line["flops"], line["mean"], color=colour, linewidth=1.2, linestyle=dashes)
         axes.fill_between(line["flops"], line["low"], line["high"], color=colour, alpha=0.15, linewidth=0)
         for degenerate, kind in line.groupby("degenerate", sort=True):
