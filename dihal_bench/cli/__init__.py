@@ -4,7 +4,7 @@ command group (``catalog``: plugins, suites, check; ``locating``: locate; ``stud
 samples export)."""
 
 # importing each command module registers its commands
-from dihal_bench.cli import catalog, locating, sample_files, study, tables, training  # noqa: F401
+from dihal_bench.cli import catalog, locating, sample_files, store, study, tables, training  # noqa: F401
 from dihal_bench.cli.app import cli
 from dihal_bench.cli.catalog import plugins, suites
 from dihal_bench.cli.locating import locate

@@ -17,6 +17,12 @@ so a training job whose own checkpoint is intact resumes from it instead of star
 One run at a time may use a store: `JobStore.lock`. Within that run, several processes may do
 its jobs at once (``dihal-bench run --executor ray``): each job is done under its own lock, so
 that two of them asked for the same job (ℓ* that is also the oracle layer) do it once.
+
+A store can be pruned (`dihal_bench.study.pruning`): its large artifacts taken out, their sha256
+kept in ``pruned.json``, so that a finished study's store is small enough to keep beside its record and
+to carry a long study from one machine to the next. A pruned job's result is reused as it is; when a
+later job asks for one of its artifacts (`JobStore.resolve`), the job's work is done again in place
+and what it makes must match the recorded sha256 (same seed, same numbers), or the run stops.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -48,6 +56,8 @@ RESULT = "result.json"
 LOCK = ".lock"
 #: in a job's folder: held by the process doing the job, not an artifact
 JOB_LOCK = ".job.lock"
+#: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
+PRUNED = "pruned.json"
 
 
 #: part of every job's key: raised when what jobs compute changes while their specs stay the same
@@ -94,6 +104,9 @@ def spec_hash(kind: str, spec: dict) -> str:
 @dataclass
 class JobStore:
     root: Path
+    #: pruned job folder -> its work, for each pruned job this process reused: what `resolve` runs
+    #: again to make a pruned artifact that a later job asks for
+    _remakers: dict[Path, Callable[[Path], dict]] = field(default_factory=dict, repr=False, compare=False)
 
     def folder(self, kind: str, spec: dict) -> Path:
         return Path(self.root) / f"{kind}-{spec_hash(kind, spec)}"
@@ -101,13 +114,13 @@ class JobStore:
     def run(self, kind: str, spec: dict, work: Callable[[Path], dict]) -> dict:
         """The stored result of (kind, spec), or ``work(folder)``'s result, stored first."""
         folder = self.folder(kind, spec)
-        result = _reused(folder)
+        result = self._reused(folder, work)
         if result is not None:
             return result
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with _held(folder / JOB_LOCK):
-                result = _reused(folder)  # another process did the job while this one waited
+                result = self._reused(folder, work)  # another process did the job while this one waited
                 if result is not None:
                     return result
                 write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
@@ -153,8 +166,48 @@ class JobStore:
         """A path inside the store as results record it: relative, so a store can be moved."""
         return str(Path(path).relative_to(self.root))
 
+    def _reused(self, folder: Path, work: Callable[[Path], dict]) -> dict | None:
+        result = _reused(folder)
+        if result is not None and (folder / PRUNED).exists():
+            self._remakers[folder] = work
+        return result
+
     def resolve(self, relative: str) -> Path:
-        return Path(self.root) / relative
+        """The path of an artifact a job result names, made again first where the store was pruned
+        of it."""
+        path = Path(self.root) / relative
+        folder = Path(self.root) / Path(relative).parts[0]
+        inside = path.relative_to(folder)
+        if any(Path(name).is_relative_to(inside) and not (folder / name).exists() for name in pruned_files(folder)):
+            self._remake(folder)
+        return path
+
+    def _remake(self, folder: Path) -> None:
+        """Do a pruned job's work again, aside in a scratch folder so that what the job keeps is not
+        touched, and put back the artifacts it was pruned of; its result stands, and what the work
+        makes must match their recorded sha256 (DihalError naming the first that does not)."""
+        work = self._remakers.get(folder)
+        if work is None:
+            raise DihalError(f"job {folder} was pruned of its large artifacts ({PRUNED}) and this process has not "
+                             "reused it, so cannot make them again; run with --executor local")
+        with _held(folder / JOB_LOCK):
+            pruned = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
+            if pruned:
+                scratch = Path(tempfile.mkdtemp(prefix=f".remake-{folder.name}-", dir=self.root))
+                try:
+                    work(scratch)
+                    for name, digest in pruned.items():
+                        made = scratch / name
+                        if not made.is_file() or file_sha256(made) != digest:
+                            raise DihalError(f"{folder / name}, made again for a pruned job, does not match the "
+                                             "sha256 recorded when the job was first done: the job is not "
+                                             "reproducible here; delete its folder to redo it and the jobs after it")
+                        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                        os.replace(made, folder / name)
+                finally:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                _uniform_modes(folder)
+            (folder / PRUNED).unlink(missing_ok=True)
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -195,7 +248,7 @@ def _reused(folder: Path) -> dict | None:
     done = folder / RESULT
     if not done.exists():
         return None
-    stored, problem = _verified_result(folder)
+    stored, problem = verified_result(folder)
     if problem is None:
         seconds, revision = stored.get("seconds"), stored.get("revision")
         _reused_seconds += seconds if isinstance(seconds, (int, float)) else 0.0
@@ -234,10 +287,21 @@ def _artifact_hashes(folder: Path) -> dict[str, str]:
     files of writes a kill cut short, by path relative to ``folder``."""
     return {path.relative_to(folder).as_posix(): file_sha256(path)
             for path in sorted(folder.rglob("*"))
-            if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK) and not is_temporary(path)}
+            if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK, folder / PRUNED)
+            and not is_temporary(path)}
 
 
-def _verified_result(folder: Path) -> tuple[dict | None, str | None]:
+def pruned_files(folder: Path) -> dict[str, str]:
+    """The artifacts a pruned job's folder was pruned of (path -> sha256); {} for a job not pruned,
+    or whose list is unreadable (its missing artifacts then make it damaged, so redone)."""
+    try:
+        files = json.loads((folder / PRUNED).read_text(encoding="utf-8"))["files"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def verified_result(folder: Path) -> tuple[dict | None, str | None]:
     """(result.json's content, None) when it and every artifact it lists are intact, else
     (None, what is wrong, naming the file)."""
     done = folder / RESULT
@@ -254,8 +318,11 @@ def _verified_result(folder: Path) -> tuple[dict | None, str | None]:
         return None, f"{done} has no integrity record (damaged, or written by an older dihal-bench)"
     if json_sha256(result) != expected_result:
         return None, f"{done} does not match its recorded sha256 (edited or damaged)"
+    pruned = pruned_files(folder)
     for name, digest in files.items():
         path = folder / name
+        if pruned.get(name) == digest and not path.exists():
+            continue
         try:
             if file_sha256(path) != digest:
                 return None, f"{path} does not match the sha256 recorded in {done} (edited or damaged)"

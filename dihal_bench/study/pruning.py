@@ -1,0 +1,61 @@
+"""A job store made small: each finished job's large artifacts (checkpoints, stored hidden states)
+taken out, their sha256 kept in the job's ``pruned.json`` (`dihal_bench.study.jobs`).
+
+What stays is every job's result and its small artifacts (samples, metrics): enough for the run that
+made the store to be run again and find every job done, for a record's cited results to be checked,
+and for a study longer than one machine's sitting to go on elsewhere. A later job that needs a pruned
+artifact has its producer's work done again, and the artifact must come out bit for bit the same.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from dihal_bench.base.files import write_json_atomic
+from dihal_bench.study.jobs import PRUNED, RESULT, JobStore, verified_result, pruned_files
+
+#: the smallest artifact `prune` takes out by default: every checkpoint and stored hidden state of the
+#: embedded suites is larger (a 2.6M-parameter model is ~10 MB), every sample file smaller
+DEFAULT_MIN_BYTES = 2**20
+
+
+@dataclass
+class Pruned:
+    jobs: int = 0  # finished jobs pruned of at least one artifact
+    files: int = 0
+    bytes: int = 0
+    unfinished: int = 0  # job folders with no result, removed whole
+    damaged: int = 0  # finished jobs left as they are (a run redoes them)
+
+
+def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES) -> Pruned:
+    """Take every artifact of ``min_bytes`` or more out of each finished, intact job under ``root``,
+    and remove the folders of jobs that never finished (a partial checkpoint that a run would resume;
+    it is started afresh instead). Holds the store's lock: no run may use it meanwhile."""
+    done = Pruned()
+    store = JobStore(root)
+    with store.lock():
+        for folder in sorted(path for path in Path(root).iterdir() if path.is_dir()):
+            if not (folder / RESULT).exists():
+                shutil.rmtree(folder)
+                done.unfinished += 1
+                continue
+            stored, problem = verified_result(folder)
+            if problem is not None:
+                done.damaged += 1
+                continue
+            pruned = pruned_files(folder)
+            large = {name: digest for name, digest in stored["sha256"]["files"].items()
+                     if (folder / name).is_file() and (folder / name).stat().st_size >= min_bytes}
+            if not large:
+                continue
+            # the list first: a kill between the two leaves files listed as pruned that are still there
+            write_json_atomic(folder / PRUNED, {"files": {**pruned, **large}})
+            for name in large:
+                done.bytes += (folder / name).stat().st_size
+                (folder / name).unlink()
+            done.jobs += 1
+            done.files += len(large)
+    return done

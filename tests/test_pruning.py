@@ -1,0 +1,98 @@
+"""A pruned job store: large artifacts out, results reused as they are, and a pruned artifact that a
+later job asks for made again bit for bit (or the run stops with one line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import save_file
+
+from dihal_bench.cli import cli
+from dihal_bench.errors import DihalError
+from dihal_bench.study.jobs import PRUNED, JobStore
+from dihal_bench.study.pruning import prune
+
+#: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)
+MIN_BYTES = 4096
+
+
+def seeded_job(calls: list, seed: int = 0):
+    """A job's work as a training job's: seeded weights (large), a note and samples (small)."""
+
+    def work(folder: Path) -> dict:
+        calls.append(folder)
+        weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(seed))
+        (folder / "model").mkdir(parents=True, exist_ok=True)
+        save_file({"w": weights}, str(folder / "model" / "weights.safetensors"))
+        (folder / "samples.jsonl").write_text(json.dumps({"text": "a b c"}) + "\n")
+        return {"mean": float(weights.mean()), "model_dir": "model"}
+
+    return work
+
+
+@pytest.fixture
+def pruned_store(tmp_path):
+    """(store root, job folder, first result, calls): one finished job, then its store pruned."""
+    root, calls = tmp_path / "jobs", []
+    first = JobStore(root).run("train", {"a": 1}, seeded_job(calls))
+    folder = JobStore(root).folder("train", {"a": 1})
+    (root / "train-unfinished").mkdir()
+    (root / "train-unfinished" / "partial.bin").write_bytes(bytes(MIN_BYTES))
+    done = prune(root, MIN_BYTES)
+    assert (done.jobs, done.files, done.unfinished, done.damaged) == (1, 1, 1, 0)
+    return root, folder, first, calls
+
+
+def test_prune_takes_out_large_artifacts_keeps_the_small_and_the_job_is_reused(pruned_store, capsys):
+    root, folder, first, calls = pruned_store
+    assert not (folder / "model" / "weights.safetensors").exists()
+    assert (folder / "samples.jsonl").exists() and not (root / "train-unfinished").exists()
+    assert set(json.loads((folder / PRUNED).read_text())["files"]) == {"model/weights.safetensors"}
+    assert JobStore(root).run("train", {"a": 1}, seeded_job(calls)) == first
+    assert len(calls) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_pruned_artifact_asked_for_is_made_again_bit_for_bit_aside(pruned_store):
+    root, folder, first, calls = pruned_store
+    store = JobStore(root)
+    trained = store.run("train", {"a": 1}, seeded_job(calls))
+    samples = (folder / "samples.jsonl").stat().st_mtime_ns
+    path = store.resolve(f"{folder.name}/{trained['model_dir']}")
+    assert (path / "weights.safetensors").is_file() and len(calls) == 2
+    assert calls[1] != folder and not calls[1].exists()  # made in a scratch folder, since removed
+    assert (folder / "samples.jsonl").stat().st_mtime_ns == samples  # what the job kept is not touched
+    assert not (folder / PRUNED).exists()
+    assert JobStore(root).run("train", {"a": 1}, seeded_job(calls)) == first  # intact as first made
+    assert len(calls) == 2
+
+
+def test_an_artifact_that_comes_out_different_stops_the_run(pruned_store):
+    root, folder, _, calls = pruned_store
+    store = JobStore(root)
+    store.run("train", {"a": 1}, seeded_job(calls, seed=1))  # reused: the work is not run here
+    with pytest.raises(DihalError, match=r"made again for a pruned job, does not match the sha256 .* not "
+                                         r"reproducible here"):
+        store.resolve(f"{folder.name}/model")
+    assert not (folder / "model" / "weights.safetensors").exists() and (folder / PRUNED).exists()
+    assert [p for p in root.iterdir() if p.name.startswith(".remake")] == []
+
+
+def test_a_pruned_job_this_process_did_not_reuse_cannot_be_remade(pruned_store):
+    root, folder, _, _ = pruned_store
+    with pytest.raises(DihalError, match=r"was pruned of its large artifacts .* has not reused it"):
+        JobStore(root).resolve(f"{folder.name}/model/weights.safetensors")
+    assert JobStore(root).resolve(f"{folder.name}/samples.jsonl").is_file()  # not pruned: as it is
+
+
+def test_the_store_prune_command_says_what_it_took_out(tmp_path):
+    root = tmp_path / "jobs"
+    JobStore(root).run("train", {"a": 1}, seeded_job([]))
+    result = CliRunner().invoke(cli, ["store", "prune", str(root), "--min-bytes", str(MIN_BYTES)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("pruned 1 file(s), 0.0 MiB, from 1 job(s); removed 0 unfinished job(s)")
+    again = CliRunner().invoke(cli, ["store", "prune", str(root)])
+    assert again.output.startswith("pruned 0 file(s)")
