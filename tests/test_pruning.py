@@ -96,3 +96,15 @@ def test_the_store_prune_command_says_what_it_took_out(tmp_path):
     assert result.output.startswith("pruned 1 file(s), 0.0 MiB, from 1 job(s); removed 0 unfinished job(s)")
     again = CliRunner().invoke(cli, ["store", "prune", str(root)])
     assert again.output.startswith("pruned 0 file(s)")
+
+
+def test_a_job_named_to_keep_stays_whole_and_a_name_not_in_the_store_is_refused(tmp_path):
+    root = tmp_path / "jobs"
+    JobStore(root).run("train", {"a": 1}, seeded_job([]))
+    JobStore(root).run("train", {"a": 2}, seeded_job([], seed=2))
+    kept = JobStore(root).folder("train", {"a": 2})
+    done = prune(root, MIN_BYTES, frozenset({kept.name}))
+    assert (done.jobs, done.files) == (1, 1)
+    assert (kept / "model" / "weights.safetensors").is_file() and not (kept / PRUNED).exists()
+    with pytest.raises(DihalError, match=r"^no finished job train-nothere in .* to keep$"):
+        prune(root, MIN_BYTES, frozenset({"train-nothere"}))

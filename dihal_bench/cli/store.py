@@ -19,14 +19,17 @@ def store():
 @click.option("--min-bytes", type=click.IntRange(min=1), default=None,
               help="Take out artifacts of this size or more (default: 1 MiB: checkpoints and stored hidden "
                    "states, not samples).")
-def prune_cmd(jobs_dir, min_bytes):
+@click.option("--keep", multiple=True, metavar="JOB",
+              help="A job folder (e.g. baseline-train-3f2a...) to leave whole, for weights that are dear to make "
+                   "again; repeatable.")
+def prune_cmd(jobs_dir, min_bytes, keep):
     """Take the large artifacts out of every finished job in STORE (their sha256 kept in the job's
     pruned.json) and remove jobs that never finished. The run that made the store, run again, finds
     every job done; a job that needs a pruned artifact has it made again, bit for bit, or stops
     (docs/method.md#pruned-job-stores)."""
     from dihal_bench.study.pruning import DEFAULT_MIN_BYTES, prune
 
-    done = prune(Path(jobs_dir), min_bytes or DEFAULT_MIN_BYTES)
+    done = prune(Path(jobs_dir), min_bytes or DEFAULT_MIN_BYTES, frozenset(keep))
     click.echo(f"pruned {done.files} file(s), {done.bytes / 2**20:,.1f} MiB, from {done.jobs} job(s); "
                f"removed {done.unfinished} unfinished job(s)"
                + (f"; left {done.damaged} damaged job(s) for a run to redo" if done.damaged else ""))

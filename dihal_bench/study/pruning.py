@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dihal_bench.base.files import write_json_atomic
+from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import PRUNED, RESULT, JobStore, verified_result, pruned_files
 
 #: the smallest artifact `prune` takes out by default: every checkpoint and stored hidden state of the
@@ -30,10 +31,14 @@ class Pruned:
     damaged: int = 0  # finished jobs left as they are (a run redoes them)
 
 
-def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES) -> Pruned:
-    """Take every artifact of ``min_bytes`` or more out of each finished, intact job under ``root``,
-    and remove the folders of jobs that never finished (a partial checkpoint that a run would resume;
-    it is started afresh instead). Holds the store's lock: no run may use it meanwhile."""
+def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] = frozenset()) -> Pruned:
+    """Take every artifact of ``min_bytes`` or more out of each finished, intact job under ``root``
+    but the jobs named in ``keep`` (folder names: weights too dear to make again), and remove the
+    folders of jobs that never finished (a partial checkpoint that a run would resume; it is started
+    afresh instead). Holds the store's lock: no run may use it meanwhile."""
+    missing = sorted(name for name in keep if not (Path(root) / name / RESULT).exists())
+    if missing:
+        raise DihalError(f"no finished job {missing[0]} in {root} to keep")
     done = Pruned()
     store = JobStore(root)
     with store.lock():
@@ -41,6 +46,8 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES) -> Pruned:
             if not (folder / RESULT).exists():
                 shutil.rmtree(folder)
                 done.unfinished += 1
+                continue
+            if folder.name in keep:
                 continue
             stored, problem = verified_result(folder)
             if problem is not None:
