@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
-from dihal_bench.study.jobs import PRUNED, JobStore
+from dihal_bench.study.jobs import JobStore
+from dihal_bench.study.pruned import PRUNED
 from dihal_bench.study.pruning import prune
 
 #: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)

@@ -18,11 +18,7 @@ One run at a time may use a store: `JobStore.lock`. Within that run, several pro
 its jobs at once (``dihal-bench run --executor ray``): each job is done under its own lock, so
 that two of them asked for the same job (ℓ* that is also the oracle layer) do it once.
 
-A store can be pruned (`dihal_bench.study.pruning`): its large artifacts taken out, their sha256
-kept in ``pruned.json``, so that a finished study's store is small enough to keep beside its record and
-to carry a long study from one machine to the next. A pruned job's result is reused as it is; when a
-later job asks for one of its artifacts (`JobStore.resolve`), the job's work is done again in place
-and what it makes must match the recorded sha256 (same seed, same numbers), or the run stops.
+A store can be pruned of its large artifacts (`dihal_bench.study.pruning`, `dihal_bench.study.pruned`).
 """
 
 from __future__ import annotations
@@ -31,8 +27,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,14 +44,13 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
+from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remake
 from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
 LOCK = ".lock"
 #: in a job's folder: held by the process doing the job, not an artifact
 JOB_LOCK = ".job.lock"
-#: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
-PRUNED = "pruned.json"
 
 
 #: part of every job's key: raised when what jobs compute changes while their specs stay the same
@@ -173,41 +166,17 @@ class JobStore:
         return result
 
     def resolve(self, relative: str) -> Path:
-        """The path of an artifact a job result names, made again first where the store was pruned
-        of it."""
+        """The path of an artifact a job result names, made again first where the store was pruned of it."""
         path = Path(self.root) / relative
         folder = Path(self.root) / Path(relative).parts[0]
-        inside = path.relative_to(folder)
-        if any(Path(name).is_relative_to(inside) and not (folder / name).exists() for name in pruned_files(folder)):
-            self._remake(folder)
-        return path
-
-    def _remake(self, folder: Path) -> None:
-        """Do a pruned job's work again, aside in a scratch folder so that what the job keeps is not
-        touched, and put back the artifacts it was pruned of; its result stands, and what the work
-        makes must match their recorded sha256 (DihalError naming the first that does not)."""
-        work = self._remakers.get(folder)
-        if work is None:
-            raise DihalError(f"job {folder} was pruned of its large artifacts ({PRUNED}) and this process has not "
-                             "reused it, so cannot make them again; run with --executor local")
-        with _held(folder / JOB_LOCK):
-            pruned = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
-            if pruned:
-                scratch = Path(tempfile.mkdtemp(prefix=f".remake-{folder.name}-", dir=self.root))
-                try:
-                    work(scratch)
-                    for name, digest in pruned.items():
-                        made = scratch / name
-                        if not made.is_file() or file_sha256(made) != digest:
-                            raise DihalError(f"{folder / name}, made again for a pruned job, does not match the "
-                                             "sha256 recorded when the job was first done: the job is not "
-                                             "reproducible here; delete its folder to redo it and the jobs after it")
-                        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-                        os.replace(made, folder / name)
-                finally:
-                    shutil.rmtree(scratch, ignore_errors=True)
+        if missing_under(folder, path.relative_to(folder)):
+            if folder not in self._remakers:
+                raise DihalError(f"job {folder} was pruned of its large artifacts ({PRUNED}) and this process has "
+                                 "not reused it, so cannot make them again; run with --executor local")
+            with _held(folder / JOB_LOCK):
+                remake(folder, self._remakers[folder], Path(self.root))
                 _uniform_modes(folder)
-            (folder / PRUNED).unlink(missing_ok=True)
+        return path
 
     @contextmanager
     def lock(self) -> Iterator[None]:
@@ -289,16 +258,6 @@ def _artifact_hashes(folder: Path) -> dict[str, str]:
             for path in sorted(folder.rglob("*"))
             if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK, folder / PRUNED)
             and not is_temporary(path)}
-
-
-def pruned_files(folder: Path) -> dict[str, str]:
-    """The artifacts a pruned job's folder was pruned of (path -> sha256); {} for a job not pruned,
-    or whose list is unreadable (its missing artifacts then make it damaged, so redone)."""
-    try:
-        files = json.loads((folder / PRUNED).read_text(encoding="utf-8"))["files"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return {}
-    return files if isinstance(files, dict) else {}
 
 
 def verified_result(folder: Path) -> tuple[dict | None, str | None]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from dihal_bench.base.files import write_json_atomic
 from dihal_bench.errors import DihalError
-from dihal_bench.study.jobs import PRUNED, RESULT, JobStore, verified_result, pruned_files
+from dihal_bench.study.jobs import RESULT, JobStore, verified_result
+from dihal_bench.study.pruned import PRUNED, pruned_files
 
 #: the smallest artifact `prune` takes out by default: every checkpoint and stored hidden state of the
 #: embedded suites is larger (a 2.6M-parameter model is ~10 MB), every sample file smaller

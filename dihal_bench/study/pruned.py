@@ -1,0 +1,60 @@
+"""Pruned artifacts of a job: listed in the job's ``pruned.json`` when `dihal_bench.study.pruning` took
+them out, and made again by the job's own work when a later job asks for one (docs/method.md#pruned-job-stores).
+
+A pruned job's result is reused as it is. Its work is done again aside, in a scratch folder, so that
+what the job kept is not touched, and each file it makes must have the sha256 recorded when the job
+was first done (same seed, same numbers): other weights than the ones the stored samples came from
+would put two models in one row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dihal_bench.base.files import file_sha256
+from dihal_bench.errors import DihalError
+
+#: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
+PRUNED = "pruned.json"
+
+
+def pruned_files(folder: Path) -> dict[str, str]:
+    """The artifacts a pruned job's folder was pruned of (path -> sha256); {} for a job not pruned,
+    or whose list is unreadable (its missing artifacts then make it damaged, so redone)."""
+    try:
+        files = json.loads((folder / PRUNED).read_text(encoding="utf-8"))["files"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return {}
+    return files if isinstance(files, dict) else {}
+
+
+def missing_under(folder: Path, inside: Path) -> bool:
+    """Whether a pruned artifact of ``folder`` at or under ``inside`` (relative to it) is absent."""
+    return any(Path(name).is_relative_to(inside) and not (folder / name).exists() for name in pruned_files(folder))
+
+
+def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None:
+    """Do the job's ``work`` again in a scratch folder under ``scratch_in`` and put back each pruned
+    artifact of ``folder`` that is absent, once it matches its recorded sha256 (DihalError naming the
+    first that does not); then the folder is no longer pruned."""
+    absent = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
+    if absent:
+        scratch = Path(tempfile.mkdtemp(prefix=f".remake-{folder.name}-", dir=scratch_in))
+        try:
+            work(scratch)
+            for name, digest in absent.items():
+                made = scratch / name
+                if not made.is_file() or file_sha256(made) != digest:
+                    raise DihalError(f"{folder / name}, made again for a pruned job, does not match the sha256 "
+                                     "recorded when the job was first done: the job is not reproducible here; "
+                                     "delete its folder to redo it and the jobs after it")
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(made, folder / name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    (folder / PRUNED).unlink(missing_ok=True)
