@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -387,13 +388,20 @@ def test_paper_suite_dry_run_prints_the_plan_without_loading_anything():
     assert "GiB" in result.stdout and "est. time" in result.stdout
 
 
-@pytest.mark.integration
-def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
-    result = run_cli("run", "--suite", "smoke", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "results"),
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
+    """(--out, record) of one run of the smoke suite on the embedded backbone."""
+    root = tmp_path_factory.mktemp("smoke")
+    result = run_cli("run", "--suite", "smoke", "--out", str(root / "runs"), "--results", str(root / "results"),
                      "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
-    [path] = (tmp_path / "results").glob("smoke-smollm2-135m-*.json")
-    seed = json.loads(path.read_text())["per_seed"][0]
+    [path] = (root / "results").glob("smoke-smollm2-135m-*.json")
+    return root / "runs", json.loads(path.read_text())
+
+
+@pytest.mark.integration
+def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(smoke_run):
+    seed = smoke_run[1]["per_seed"][0]
     assert set(seed["methods"]) == {"dihal-chosen", "dihal-worst", "dihal-oracle", "control-skip", "control-regressor",
                                     "reference-unigram", "reference-human", "diffusion-lm", "sed", "ld4lg", "codar",
                                     "mdlm", "ar-scratch", "ar-backbone"}
@@ -409,6 +417,35 @@ def test_smoke_suite_runs_end_to_end_on_the_embedded_backbone(tmp_path):
     human, unigram, backbone = (seed["methods"][name]["metrics"]["gen_ppl"]
                                 for name in ("reference-human", "reference-unigram", "ar-backbone"))
     assert human < unigram and backbone < unigram  # the floor is below real text and the intact model
+
+
+@pytest.mark.integration
+def test_a_pruned_smoke_store_carries_the_run_and_its_weights_come_back_bit_for_bit(smoke_run, tmp_path):
+    """docs/method.md#pruned-job-stores on every trained kind of the smoke suite: the store pruned, the
+    jobs that load trained weights (latency, the steps axis) removed, the run again makes each pruned
+    checkpoint they ask for (and the bridge targets those need) with the sha256 it first had."""
+    runs, first = smoke_run
+    carried = tmp_path / "runs"
+    shutil.copytree(runs, carried)
+    jobs = carried / "smoke" / "jobs"
+    pruned = run_cli("store", "prune", str(jobs), "--min-bytes", "4096")
+    assert pruned.returncode == 0 and pruned.stdout.startswith("pruned "), pruned.stderr
+    kinds = {folder: json.loads((folder / "result.json").read_text())["kind"] for folder in jobs.iterdir()
+             if (folder / "result.json").exists()}
+    for folder, kind in kinds.items():
+        if kind in ("latency", "steps-point"):
+            shutil.rmtree(folder)
+    # the trained rows the latency stage times: each must be made again
+    timed = {jobs / Path(method["train"].get("checkpoint") or method["train"]["model_dir"]).parts[0]
+             for method in first["per_seed"][0]["methods"].values()
+             if method.get("latency") and method.get("train", {}).get("steps")}
+    assert len(timed) >= 5 and all((folder / "pruned.json").exists() for folder in timed)
+    again = run_cli("run", "--suite", "smoke", "--out", str(carried), "--results", str(tmp_path / "results"),
+                    "--quiet")
+    assert again.returncode == 0, again.stderr[-3000:]
+    [path] = (tmp_path / "results").glob("smoke-smollm2-135m-*.json")
+    assert comparable(json.loads(path.read_text())) == comparable(first)
+    assert not any((folder / "pruned.json").exists() for folder in timed)  # each made again, and intact
 
 
 def test_bridge_job_identity_changes_with_the_architecture():

@@ -17,13 +17,13 @@ def store():
 @store.command("prune")
 @click.argument("jobs_dir", metavar="STORE", type=click.Path(exists=True, file_okay=False))
 @click.option("--min-bytes", type=click.IntRange(min=1), default=None,
-              help="Take out artifacts of this size or more (default: 1 MiB: checkpoints and stored hidden "
-                   "states, not samples).")
+              help="Take out safetensors files of this size or more (default: 1 MiB: checkpoints and stored "
+                   "hidden states).")
 @click.option("--keep", multiple=True, metavar="JOB",
               help="A job folder (e.g. baseline-train-3f2a...) to leave whole, for weights that are dear to make "
                    "again; repeatable.")
 def prune_cmd(jobs_dir, min_bytes, keep):
-    """Take the large artifacts out of every finished job in STORE (their sha256 kept in the job's
+    """Take the large tensors (safetensors files) out of every finished job in STORE (their sha256 kept in the job's
     pruned.json) and remove jobs that never finished. The run that made the store, run again, finds
     every job done; a job that needs a pruned artifact has it made again, bit for bit, or stops
     (docs/method.md#pruned-job-stores)."""

@@ -1,4 +1,4 @@
-"""A job store made small: each finished job's large artifacts (checkpoints, stored hidden states)
+"""A job store made small: each finished job's large tensors (checkpoints, stored hidden states)
 taken out, their sha256 kept in the job's ``pruned.json`` (`dihal_bench.study.jobs`).
 
 What stays is every job's result and its small artifacts (samples, metrics): enough for the run that
@@ -18,6 +18,9 @@ from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import RESULT, JobStore, verified_result
 from dihal_bench.study.pruned import PRUNED, pruned_files
 
+#: what `prune` takes out: tensors (weights, optimizer states, hidden states), which a job's work makes
+#: again bit for bit; never a JSON file, which may hold a wall time (a checkpoint's trainer.json does)
+TENSORS = ".safetensors"
 #: the smallest artifact `prune` takes out by default: every checkpoint and stored hidden state of the
 #: embedded suites is larger (a 2.6M-parameter model is ~10 MB), every sample file smaller
 DEFAULT_MIN_BYTES = 2**20
@@ -33,7 +36,7 @@ class Pruned:
 
 
 def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] = frozenset()) -> Pruned:
-    """Take every artifact of ``min_bytes`` or more out of each finished, intact job under ``root``
+    """Take every safetensors artifact of ``min_bytes`` or more out of each finished, intact job under ``root``
     but the jobs named in ``keep`` (folder names: weights too dear to make again), and remove the
     folders of jobs that never finished (a partial checkpoint that a run would resume; it is started
     afresh instead). Holds the store's lock: no run may use it meanwhile."""
@@ -56,7 +59,8 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] =
                 continue
             pruned = pruned_files(folder)
             large = {name: digest for name, digest in stored["sha256"]["files"].items()
-                     if (folder / name).is_file() and (folder / name).stat().st_size >= min_bytes}
+                     if name.endswith(TENSORS) and (folder / name).is_file()
+                     and (folder / name).stat().st_size >= min_bytes}
             if not large:
                 continue
             # the list first: a kill between the two leaves files listed as pruned that are still there
