@@ -19,6 +19,8 @@ from dihal_bench.study.pruning import prune
 
 #: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)
 MIN_BYTES = 4096
+#: a job folder with no result, as a killed run leaves one
+UNFINISHED = "train-0123456789abcdef"
 
 
 def seeded_job(calls: list, seed: int = 0):
@@ -41,8 +43,8 @@ def pruned_store(tmp_path):
     root, calls = tmp_path / "jobs", []
     first = JobStore(root).run("train", {"a": 1}, seeded_job(calls))
     folder = JobStore(root).folder("train", {"a": 1})
-    (root / "train-unfinished").mkdir()
-    (root / "train-unfinished" / "partial.bin").write_bytes(bytes(MIN_BYTES))
+    (root / UNFINISHED).mkdir()
+    (root / UNFINISHED / "partial.bin").write_bytes(bytes(MIN_BYTES))
     done = prune(root, MIN_BYTES)
     assert (done.jobs, done.files, done.unfinished, done.damaged) == (1, 1, 1, 0)
     return root, folder, first, calls
@@ -51,7 +53,7 @@ def pruned_store(tmp_path):
 def test_prune_takes_out_large_artifacts_keeps_the_small_and_the_job_is_reused(pruned_store, capsys):
     root, folder, first, calls = pruned_store
     assert not (folder / "model" / "weights.safetensors").exists()
-    assert (folder / "samples.jsonl").exists() and not (root / "train-unfinished").exists()
+    assert (folder / "samples.jsonl").exists() and not (root / UNFINISHED).exists()
     assert set(json.loads((folder / PRUNED).read_text())["files"]) == {"model/weights.safetensors"}
     assert JobStore(root).run("train", {"a": 1}, seeded_job(calls)) == first
     assert len(calls) == 1 and capsys.readouterr().err == ""
@@ -109,3 +111,11 @@ def test_a_job_named_to_keep_stays_whole_and_a_name_not_in_the_store_is_refused(
     assert (kept / "model" / "weights.safetensors").is_file() and not (kept / PRUNED).exists()
     with pytest.raises(DihalError, match=r"^no finished job train-nothere in .* to keep$"):
         prune(root, MIN_BYTES, frozenset({"train-nothere"}))
+
+
+def test_a_folder_that_is_no_job_store_is_refused_and_left_as_it_is(tmp_path):
+    root = tmp_path / "runs"
+    JobStore(root / "ladder" / "jobs").run("train", {"a": 1}, seeded_job([]))
+    with pytest.raises(DihalError, match=r"is not a job store \(--out/<suite>/jobs\): ladder is not a job folder$"):
+        prune(root, MIN_BYTES)
+    assert (root / "ladder" / "jobs" / JobStore(root).folder("train", {"a": 1}).name / "result.json").exists()

@@ -9,6 +9,7 @@ artifact has its producer's work done again, and the artifact must come out bit 
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ TENSORS = ".safetensors"
 #: the smallest artifact `prune` takes out by default: every checkpoint and stored hidden state of the
 #: embedded suites is larger (a 2.6M-parameter model is ~10 MB), every sample file smaller
 DEFAULT_MIN_BYTES = 2**20
+#: a job's folder (``<kind>-<16 hex digits>``, `JobStore.folder`), or what a remake left behind
+JOB_FOLDER = re.compile(r"^(\.remake-)?[a-z0-9-]+-[0-9a-f]{16}(-\w+)?$")
 
 
 @dataclass
@@ -43,10 +46,13 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] =
     missing = sorted(name for name in keep if not (Path(root) / name / RESULT).exists())
     if missing:
         raise DihalError(f"no finished job {missing[0]} in {root} to keep")
+    folders = sorted(path for path in Path(root).iterdir() if path.is_dir())
+    strangers = [path.name for path in folders if not JOB_FOLDER.match(path.name)]
+    if strangers:  # removing "unfinished jobs" of a folder that is no store would delete what it holds
+        raise DihalError(f"{root} is not a job store (--out/<suite>/jobs): {strangers[0]} is not a job folder")
     done = Pruned()
-    store = JobStore(root)
-    with store.lock():
-        for folder in sorted(path for path in Path(root).iterdir() if path.is_dir()):
+    with JobStore(root).lock():
+        for folder in folders:
             if not (folder / RESULT).exists():
                 shutil.rmtree(folder)
                 done.unfinished += 1
