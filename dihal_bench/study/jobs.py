@@ -107,13 +107,13 @@ class JobStore:
     def run(self, kind: str, spec: dict, work: Callable[[Path], dict]) -> dict:
         """The stored result of (kind, spec), or ``work(folder)``'s result, stored first."""
         folder = self.folder(kind, spec)
-        result = self._reused(folder, work)
+        result = self._stored_result(folder, work)
         if result is not None:
             return result
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with _held(folder / JOB_LOCK):
-                result = self._reused(folder, work)  # another process did the job while this one waited
+                result = self._stored_result(folder, work)  # another process did the job while this one waited
                 if result is not None:
                     return result
                 write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
@@ -159,7 +159,8 @@ class JobStore:
         """A path inside the store as results record it: relative, so a store can be moved."""
         return str(Path(path).relative_to(self.root))
 
-    def _reused(self, folder: Path, work: Callable[[Path], dict]) -> dict | None:
+    def _stored_result(self, folder: Path, work: Callable[[Path], dict]) -> dict | None:
+        """`_reused`'s result, with the work of a pruned job kept for `resolve`."""
         result = _reused(folder)
         if result is not None and (folder / PRUNED).exists():
             self._remakers[folder] = work
