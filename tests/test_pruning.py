@@ -4,6 +4,7 @@ later job asks for made again bit for bit (or the run stops with one line)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,15 @@ from safetensors.torch import save_file
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import JobStore
-from dihal_bench.study.pruned import PRUNED
+from dihal_bench.study.pruned import PRUNED, remade_seconds
 from dihal_bench.study.pruning import prune
 
 #: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)
 MIN_BYTES = 4096
 #: a job folder with no result, as a killed run leaves one
 UNFINISHED = "train-0123456789abcdef"
+#: how long a remade job's work takes at least in the test of remake accounting
+PAUSE = 1.0
 
 
 def seeded_job(calls: list, seed: int = 0):
@@ -71,6 +74,30 @@ def test_a_pruned_artifact_asked_for_is_made_again_bit_for_bit_aside(pruned_stor
     assert not (folder / PRUNED).exists()
     assert JobStore(root).run("train", {"a": 1}, seeded_job(calls)) == first  # intact as first made
     assert len(calls) == 2
+
+
+def test_the_time_of_a_remake_is_not_counted_again_in_the_job_that_asked_for_it(pruned_store):
+    root, folder, _, calls = pruned_store
+    store = JobStore(root)
+    trained = store.run("train", {"a": 1}, seeded_job(calls))
+    slow = seeded_job(calls)
+
+    def slow_work(scratch: Path) -> dict:  # the pruned job's work, made again, takes at least PAUSE
+        time.sleep(PAUSE)
+        return slow(scratch)
+
+    store._remakers[folder] = slow_work
+
+    def sampling(out: Path) -> dict:  # a later job reading the pruned weights (a frontier point)
+        weights = store.resolve(f"{folder.name}/{trained['model_dir']}") / "weights.safetensors"
+        return {"bytes": weights.stat().st_size}
+
+    before = remade_seconds()
+    store.run("sample", {"b": 2}, sampling)
+    assert remade_seconds() - before >= PAUSE
+    # the remade job's own time was counted when it was first done: counted here too, this job would
+    # record at least PAUSE; its own work (a stat) takes milliseconds
+    assert json.loads((store.folder("sample", {"b": 2}) / "result.json").read_text())["seconds"] < PAUSE
 
 
 def test_an_artifact_that_comes_out_different_stops_the_run(pruned_store):

@@ -44,7 +44,7 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
-from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remake
+from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remade_seconds, remake
 from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
@@ -80,12 +80,14 @@ def jobs_since(mark: int) -> dict[str, str | None]:
 def timed(fn: Callable, *args) -> tuple[object, float, float]:
     """``fn(*args)``, the compute it stands for and its wall time. The compute is the wall time plus
     the stored time of every finished job it took from a store and the training time of every
-    checkpoint it resumed from, so that a resumed run reports what its stages cost, not only what
-    was left of them; the wall time is what this process spent (what a run's ETA extrapolates)."""
-    reused, resumed, started = _reused_seconds, resumed_seconds(), time.perf_counter()
+    checkpoint it resumed from, less the time spent making pruned artifacts again (counted when
+    their jobs were first done), so that a resumed run reports what its stages cost, not only what
+    was left of them, and no job twice; the wall time is what this process spent (what a run's ETA
+    extrapolates)."""
+    reused, resumed, remade, started = _reused_seconds, resumed_seconds(), remade_seconds(), time.perf_counter()
     result = fn(*args)
     wall = time.perf_counter() - started
-    return result, wall + _reused_seconds - reused + resumed_seconds() - resumed, wall
+    return result, wall + _reused_seconds - reused + resumed_seconds() - resumed - remade_seconds() + remade, wall
 
 
 def spec_hash(kind: str, spec: dict) -> str:
@@ -119,9 +121,10 @@ class JobStore:
                 write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
                 revision = process_revision()  # the code that does the job: this process's, read before it starts
                 # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
-                resumed, started = resumed_seconds(), time.perf_counter()
+                resumed, remade, started = resumed_seconds(), remade_seconds(), time.perf_counter()
                 result = work(folder)
-                seconds = time.perf_counter() - started + resumed_seconds() - resumed
+                # not the pruned jobs it had made again: their time is theirs, counted when they were done
+                seconds = time.perf_counter() - started + resumed_seconds() - resumed - remade_seconds() + remade
                 _uniform_modes(folder)
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                     "revision": revision,

@@ -7,7 +7,8 @@
 CPU time, user and system, of this process and of its children that finished), ``threads``
 (torch's intra-op threads), ``cpu_share`` = cpu_s / (wall_s × threads), and ``load_start`` /
 ``load_end``, the machine's 1-minute load average when the stage started and ended (None where
-the system has none). A share near 1.0 means our threads were busy the whole stage; a share well
+the system has none), and ``remade_s``, the seconds spent making pruned artifacts of earlier jobs
+again (`dihal_bench.study.pruned`: part of wall_s, not of the stage's time in ``timings``). A share near 1.0 means our threads were busy the whole stage; a share well
 below 1 while the load is above the machine's core count (``environment.cpu_count``) means other
 processes had the cores, and the stage's times say less about the method than about the
 machine. A share below 1 with a low load is the work's own: waiting on disk, on a GPU (a CUDA
@@ -34,6 +35,7 @@ import torch
 
 from dihal_bench.study.executors.base import Executor, Item
 from dihal_bench.study.jobs import job_mark, jobs_since
+from dihal_bench.study.pruned import remade_seconds
 
 try:
     import resource
@@ -74,13 +76,15 @@ class MeteredExecutor(Executor):
         self.jobs: dict[str, dict[str, str | None] | None] = {}
 
     def map(self, stage: str, fn, items: list[Item]) -> list:
-        load, mark = load_average(), job_mark()
+        load, mark, remade = load_average(), job_mark(), remade_seconds()
         cpu, started = cpu_seconds(), time.perf_counter()
         results = self.executor.map(stage, fn, items)
         wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
         threads = torch.get_num_threads()
-        entry = self.contention.setdefault(stage, {"wall_s": 0.0, "cpu_s": 0.0, "load_start": load, "calls": 0})
+        entry = self.contention.setdefault(stage, {"wall_s": 0.0, "cpu_s": 0.0, "remade_s": 0.0, "load_start": load,
+                                                   "calls": 0})
         entry.update(wall_s=entry["wall_s"] + wall, cpu_s=entry["cpu_s"] + cpu, threads=threads,
+                     remade_s=entry["remade_s"] + remade_seconds() - remade,
                      load_end=load_average(), calls=entry["calls"] + 1, where=HERE if self.here else ELSEWHERE)
         share = entry["cpu_s"] / (entry["wall_s"] * threads) if self.here and entry["wall_s"] > 0 else None
         entry["cpu_share"] = share

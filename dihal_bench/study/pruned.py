@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,15 @@ from dihal_bench.errors import DihalError
 
 #: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
 PRUNED = "pruned.json"
+
+#: the seconds this process has spent in `remake` (a running sum): a job store takes them out of the
+#: time of the job that asked for the artifact, since the remade job's own time was counted when it was done
+_remade_seconds = 0.0
+
+
+def remade_seconds() -> float:
+    """The seconds this process has spent making pruned artifacts again so far."""
+    return _remade_seconds
 
 
 def pruned_files(folder: Path) -> dict[str, str]:
@@ -42,6 +52,8 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None
     """Do the job's ``work`` again in a scratch folder under ``scratch_in`` and put back each pruned
     artifact of ``folder`` that is absent, once it matches its recorded sha256 (DihalError naming the
     first that does not); then the folder is no longer pruned."""
+    global _remade_seconds
+    started = time.perf_counter()
     absent = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
     if absent:
         scratch = Path(tempfile.mkdtemp(prefix=f".remake-{folder.name}-", dir=scratch_in))
@@ -57,4 +69,5 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None
                 os.replace(made, folder / name)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+            _remade_seconds += time.perf_counter() - started
     (folder / PRUNED).unlink(missing_ok=True)
