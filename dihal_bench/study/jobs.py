@@ -28,11 +28,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dihal_bench.base.files import (
     file_sha256,
@@ -44,7 +43,13 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
-from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remade_seconds, remake
+from dihal_bench.study.pruned import (
+    PRUNED,
+    missing_under,
+    pruned_files,
+    remade_seconds,
+    remake,
+)
 from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
@@ -250,9 +255,9 @@ def _uniform_modes(folder: Path) -> None:
     files), and a store's files are read by whoever reads its results."""
     mode = result_file_mode()
     for path in folder.rglob("*"):
-        if path.is_file() and not path.is_symlink() and path.name != JOB_LOCK and not is_temporary(path):
-            if path.stat().st_mode & 0o777 != mode:
-                os.chmod(path, mode)
+        if (path.is_file() and not path.is_symlink() and path.name != JOB_LOCK and not is_temporary(path)
+                and path.stat().st_mode & 0o777 != mode):
+            os.chmod(path, mode)
 
 
 def _artifact_hashes(folder: Path) -> dict[str, str]:
