@@ -8,7 +8,8 @@ CPU time, user and system, of this process and of its children that finished), `
 (torch's intra-op threads), ``cpu_share`` = cpu_s / (wall_s × threads), and ``load_start`` /
 ``load_end``, the machine's 1-minute load average when the stage started and ended (None where
 the system has none), and ``remade_s``, the seconds spent making pruned artifacts of earlier jobs
-again (`dihal_bench.study.pruned`: part of wall_s, not of the stage's time in ``timings``). A share near 1.0 means our threads were busy the whole stage; a share well
+again (`dihal_bench.study.pruned`: part of wall_s, not of the stage's time in ``timings``). A share
+near 1.0 means our threads were busy the whole stage; a share well
 below 1 while the load is above the machine's core count (``environment.cpu_count``) means other
 processes had the cores, and the stage's times say less about the method than about the
 machine. A share below 1 with a low load is the work's own: waiting on disk, on a GPU (a CUDA
