@@ -79,14 +79,13 @@ def test_a_pruned_artifact_asked_for_is_made_again_bit_for_bit_aside(pruned_stor
 def test_the_time_of_a_remake_is_not_counted_again_in_the_job_that_asked_for_it(pruned_store):
     root, folder, _, calls = pruned_store
     store = JobStore(root)
-    trained = store.run("train", {"a": 1}, seeded_job(calls))
-    slow = seeded_job(calls)
+    seeded = seeded_job(calls)
 
     def slow_work(scratch: Path) -> dict:  # the pruned job's work, made again, takes at least PAUSE
         time.sleep(PAUSE)
-        return slow(scratch)
+        return seeded(scratch)
 
-    store._remakers[folder] = slow_work
+    trained = store.run("train", {"a": 1}, slow_work)  # reused: kept to make its weights again
 
     def sampling(out: Path) -> dict:  # a later job reading the pruned weights (a frontier point)
         weights = store.resolve(f"{folder.name}/{trained['model_dir']}") / "weights.safetensors"

@@ -43,13 +43,7 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
-from dihal_bench.study.pruned import (
-    PRUNED,
-    missing_under,
-    pruned_files,
-    remade_seconds,
-    remake,
-)
+from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remade_seconds, remake
 from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
@@ -82,17 +76,21 @@ def jobs_since(mark: int) -> dict[str, str | None]:
     return dict(_job_log[mark:])
 
 
+def _carried() -> float:
+    """What this process's clock misses of its work so far: the training of every checkpoint it
+    resumed from, less the remakes of pruned artifacts (counted when their jobs were done)."""
+    return resumed_seconds() - remade_seconds()
+
+
 def timed(fn: Callable, *args) -> tuple[object, float, float]:
     """``fn(*args)``, the compute it stands for and its wall time. The compute is the wall time plus
-    the stored time of every finished job it took from a store and the training time of every
-    checkpoint it resumed from, less the time spent making pruned artifacts again (counted when
-    their jobs were first done), so that a resumed run reports what its stages cost, not only what
-    was left of them, and no job twice; the wall time is what this process spent (what a run's ETA
-    extrapolates)."""
-    reused, resumed, remade, started = _reused_seconds, resumed_seconds(), remade_seconds(), time.perf_counter()
+    the stored time of every finished job it took from a store, and `_carried` time, so that a
+    resumed run reports what its stages cost, not only what was left of them, and no job twice;
+    the wall time is what this process spent (what a run's ETA extrapolates)."""
+    reused, carried, started = _reused_seconds, _carried(), time.perf_counter()
     result = fn(*args)
     wall = time.perf_counter() - started
-    return result, wall + _reused_seconds - reused + resumed_seconds() - resumed - remade_seconds() + remade, wall
+    return result, wall + _reused_seconds - reused + _carried() - carried, wall
 
 
 def spec_hash(kind: str, spec: dict) -> str:
@@ -125,11 +123,10 @@ class JobStore:
                     return result
                 write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
                 revision = process_revision()  # the code that does the job: this process's, read before it starts
-                # the training an interrupted attempt did up to its checkpoint counts: this attempt resumed it
-                resumed, remade, started = resumed_seconds(), remade_seconds(), time.perf_counter()
+                # an interrupted attempt's training up to its checkpoint counts; remakes of pruned jobs do not
+                carried, started = _carried(), time.perf_counter()
                 result = work(folder)
-                # not the pruned jobs it had made again: their time is theirs, counted when they were done
-                seconds = time.perf_counter() - started + resumed_seconds() - resumed - remade_seconds() + remade
+                seconds = time.perf_counter() - started + _carried() - carried
                 _uniform_modes(folder)
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                     "revision": revision,

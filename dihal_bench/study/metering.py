@@ -4,19 +4,19 @@
 ``map(stage, ...)`` call; :meth:`MeteredExecutor.sections` gives the record's two sections.
 
 ``contention``, per stage: ``wall_s`` (the stage's wall time in this invocation), ``cpu_s`` (the
-CPU time, user and system, of this process and of its children that finished), ``threads``
-(torch's intra-op threads), ``cpu_share`` = cpu_s / (wall_s × threads), and ``load_start`` /
-``load_end``, the machine's 1-minute load average when the stage started and ended (None where
-the system has none), and ``remade_s``, the seconds spent making pruned artifacts of earlier jobs
-again (`dihal_bench.study.pruned`: part of wall_s, not of the stage's time in ``timings``). A share
-near 1.0 means our threads were busy the whole stage; a share well
-below 1 while the load is above the machine's core count (``environment.cpu_count``) means other
-processes had the cores, and the stage's times say less about the method than about the
-machine. A share below 1 with a low load is the work's own: waiting on disk, on a GPU (a CUDA
-stage's host threads mostly wait), or single-threaded steps. Stages whose jobs were all found in
-the store take milliseconds, so their share is noise. With an executor whose work runs in other
-processes (Ray), ``cpu_s`` is only the driver's own time and ``cpu_share`` is None: the workers'
-CPU time is not measured (``where`` says which); the load averages are still this machine's.
+CPU time, user and system, of this process and of its children that finished), ``threads`` (torch's
+intra-op threads), ``cpu_share`` = cpu_s / (wall_s × threads), and ``load_start`` / ``load_end``,
+the machine's 1-minute load average when the stage started and ended (None where the system has
+none), and ``remade_s``, the seconds spent making pruned artifacts of earlier jobs again
+(`dihal_bench.study.pruned`: part of wall_s, not of the stage's time in ``timings``). A share near
+1.0 means our threads were busy the whole stage; a share well below 1 while the load is above the
+machine's core count (``environment.cpu_count``) means other processes had the cores, and the
+stage's times say less about the method than about the machine. A share below 1 with a low load is
+the work's own: waiting on disk, on a GPU (a CUDA stage's host threads mostly wait), or
+single-threaded steps. Stages whose jobs were all found in the store take milliseconds, so their
+share is noise. With an executor whose work runs in other processes (Ray), ``cpu_s`` is only the
+driver's own time and ``cpu_share`` is None: the workers' CPU time is not measured (``where`` says
+which); the load averages are still this machine's.
 
 ``provenance``: per stage the revision of this invocation (``process``) and the revisions the
 stage's jobs were done with (``jobs``: each revision with how many jobs; a job found in the store
