@@ -139,6 +139,28 @@ def test_a_job_named_to_keep_stays_whole_and_a_name_not_in_the_store_is_refused(
         prune(root, MIN_BYTES, frozenset({"train-nothere"}))
 
 
+def test_a_path_named_to_keep_stays_the_rest_of_its_job_is_pruned_and_reading_it_makes_nothing_again(tmp_path):
+    root, calls = tmp_path / "jobs", []
+
+    def trained(folder: Path) -> dict:  # weights and an optimizer state, as a baseline's training job
+        result = seeded_job(calls)(folder)
+        (folder / "checkpoint").mkdir()
+        save_file({"m": torch.zeros(64, 64)}, str(folder / "checkpoint" / "optimizer.safetensors"))
+        return result
+
+    first = JobStore(root).run("train", {"a": 1}, trained)
+    folder = JobStore(root).folder("train", {"a": 1})
+    done = prune(root, MIN_BYTES, frozenset({f"{folder.name}/model"}))
+    assert (done.jobs, done.files) == (1, 1)
+    assert (folder / "model" / "weights.safetensors").is_file()
+    assert not (folder / "checkpoint" / "optimizer.safetensors").exists()
+    store = JobStore(root)
+    assert store.run("train", {"a": 1}, trained) == first
+    assert store.resolve(f"{folder.name}/model").is_dir() and len(calls) == 1
+    with pytest.raises(DihalError, match=rf"^no weights in job {folder.name} of .* to keep$"):
+        prune(root, MIN_BYTES, frozenset({f"{folder.name}/weights"}))
+
+
 def test_a_folder_that_is_no_job_store_is_refused_and_left_as_it_is(tmp_path):
     root = tmp_path / "runs"
     JobStore(root / "ladder" / "jobs").run("train", {"a": 1}, seeded_job([]))

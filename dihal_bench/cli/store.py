@@ -19,9 +19,10 @@ def store():
 @click.option("--min-bytes", type=click.IntRange(min=1), default=None,
               help="Take out safetensors files of this size or more (default: 1 MiB: checkpoints and stored "
                    "hidden states).")
-@click.option("--keep", multiple=True, metavar="JOB",
-              help="A job folder (e.g. baseline-train-3f2a...) to leave whole, for weights that are dear to make "
-                   "again; repeatable.")
+@click.option("--keep", multiple=True, metavar="JOB[/PATH]",
+              help="A job folder (e.g. baseline-train-3f2a...) to leave whole, or JOB/PATH to leave what is at or "
+                   "under PATH in it (e.g. baseline-train-3f2a.../model: the trained weights without the "
+                   "optimizer state), for weights that are dear to make again; repeatable.")
 def prune_cmd(jobs_dir, min_bytes, keep):
     """Take the large tensors (safetensors files) out of every finished job in STORE (their sha256 kept in the job's
     pruned.json) and remove jobs that never finished. The run that made the store, run again, finds

@@ -40,12 +40,11 @@ class Pruned:
 
 def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] = frozenset()) -> Pruned:
     """Take every safetensors artifact of ``min_bytes`` or more out of each finished, intact job under ``root``
-    but the jobs named in ``keep`` (folder names: weights too dear to make again), and remove the
-    folders of jobs that never finished (a partial checkpoint that a run would resume; it is started
-    afresh instead). Holds the store's lock: no run may use it meanwhile."""
-    missing = sorted(name for name in keep if not (Path(root) / name / RESULT).exists())
-    if missing:
-        raise DihalError(f"no finished job {missing[0]} in {root} to keep")
+    but what ``keep`` names (weights too dear to make again: a job's folder name, to keep it whole, or
+    ``FOLDER/PATH``, to keep what is at or under PATH in it, e.g. a trained model without its
+    optimizer state), and remove the folders of jobs that never finished (a partial checkpoint that a
+    run would resume; it is started afresh instead). Holds the store's lock: no run may use it meanwhile."""
+    kept = kept_paths(Path(root), keep)
     folders = sorted(path for path in Path(root).iterdir() if path.is_dir())
     strangers = [path.name for path in folders if not JOB_FOLDER.match(path.name)]
     if strangers:  # removing "unfinished jobs" of a folder that is no store would delete what it holds
@@ -57,7 +56,8 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] =
                 shutil.rmtree(folder)
                 done.unfinished += 1
                 continue
-            if folder.name in keep:
+            inside = kept.get(folder.name, [])
+            if Path() in inside:
                 continue
             stored, problem = verified_result(folder)
             if problem is not None:
@@ -66,7 +66,8 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] =
             pruned = pruned_files(folder)
             large = {name: digest for name, digest in stored["sha256"]["files"].items()
                      if name.endswith(TENSORS) and (folder / name).is_file()
-                     and (folder / name).stat().st_size >= min_bytes}
+                     and (folder / name).stat().st_size >= min_bytes
+                     and not any(Path(name).is_relative_to(path) for path in inside)}
             if not large:
                 continue
             # the list first: a kill between the two leaves files listed as pruned that are still there
@@ -77,3 +78,17 @@ def prune(root: Path, min_bytes: int = DEFAULT_MIN_BYTES, keep: frozenset[str] =
             done.jobs += 1
             done.files += len(large)
     return done
+
+
+def kept_paths(root: Path, keep: frozenset[str]) -> dict[str, list[Path]]:
+    """``keep``'s names as job folder -> the paths in it to keep (``Path()``: all of it); DihalError for a
+    name whose job has not finished in ``root`` or whose path is not there."""
+    kept: dict[str, list[Path]] = {}
+    for name in sorted(keep):
+        folder, _, inside = name.partition("/")
+        if not (root / folder / RESULT).exists():
+            raise DihalError(f"no finished job {folder} in {root} to keep")
+        if inside and not (root / folder / inside).exists():
+            raise DihalError(f"no {inside} in job {folder} of {root} to keep")
+        kept.setdefault(folder, []).append(Path(inside))
+    return kept
