@@ -67,9 +67,12 @@ def test_a_pruned_artifact_asked_for_is_made_again_bit_for_bit_aside(pruned_stor
     store = JobStore(root)
     trained = store.run("train", {"a": 1}, seeded_job(calls))
     samples = (folder / "samples.jsonl").stat().st_mtime_ns
+    killed = root / f".remake-{folder.name}-x1y2z3"  # the scratch folder of a remake killed outright
+    (killed / "model").mkdir(parents=True)
     path = store.resolve(f"{folder.name}/{trained['model_dir']}")
     assert (path / "weights.safetensors").is_file() and len(calls) == 2
     assert calls[1] != folder and not calls[1].exists()  # made in a scratch folder, since removed
+    assert not killed.exists()
     assert (folder / "samples.jsonl").stat().st_mtime_ns == samples  # what the job kept is not touched
     assert not (folder / PRUNED).exists()
     assert JobStore(root).run("train", {"a": 1}, seeded_job(calls)) == first  # intact as first made

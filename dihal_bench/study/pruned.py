@@ -22,6 +22,8 @@ from dihal_bench.errors import DihalError
 
 #: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
 PRUNED = "pruned.json"
+#: the start of the name of the scratch folder a remake works in, beside the job's folder
+SCRATCH_PREFIX = ".remake-"
 
 #: the seconds this process has spent in `remake` (a running sum): a job store takes them out of the
 #: time of the job that asked for the artifact, since the remade job's own time was counted when it was done
@@ -56,7 +58,11 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None
     started = time.perf_counter()
     absent = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
     if absent:
-        scratch = Path(tempfile.mkdtemp(prefix=f".remake-{folder.name}-", dir=scratch_in))
+        # a remake killed outright (SIGKILL, a lost machine) leaves its scratch folder, GBs for stored hidden
+        # states; the caller holds the job's lock, so no other remake of this job can be using one
+        for stale in scratch_in.glob(f"{SCRATCH_PREFIX}{folder.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{folder.name}-", dir=scratch_in))
         try:
             work(scratch)
             for name, digest in absent.items():
