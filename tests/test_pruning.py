@@ -1,5 +1,6 @@
 """A pruned job store: large artifacts out, results reused as they are, and a pruned artifact that a
-later job asks for made again bit for bit (or the run stops with one line)."""
+later job asks for made again bit for bit (or the run stops with one line, unless it accepts inexact
+remakes: then each one that differs is listed in its job's remade.json)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from safetensors.torch import save_file
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import JobStore
-from dihal_bench.study.pruned import PRUNED, remade_seconds
+from dihal_bench.base.files import file_sha256
+from dihal_bench.study.pruned import PRUNED, REMADE, pruned_files, remade_seconds
 from dihal_bench.study.pruning import prune
 
 #: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)
@@ -111,6 +113,32 @@ def test_an_artifact_that_comes_out_different_stops_the_run(pruned_store):
         store.resolve(f"{folder.name}/model")
     assert not (folder / "model" / "weights.safetensors").exists() and (folder / PRUNED).exists()
     assert [p for p in root.iterdir() if p.name.startswith(".remake")] == []
+
+
+def test_an_artifact_that_comes_out_different_is_put_back_and_listed_when_inexact_remakes_are_accepted(pruned_store):
+    root, folder, first, calls = pruned_store
+    recorded = pruned_files(folder)["model/weights.safetensors"]
+    store = JobStore(root, inexact_remakes=True)
+    store.run("train", {"a": 1}, seeded_job(calls, seed=1))  # another machine's rounding, as far as the bits go
+    made = store.resolve(f"{folder.name}/model")
+    listed = json.loads((folder / REMADE).read_text())["files"]
+    assert list(listed) == ["model/weights.safetensors"]
+    assert listed["model/weights.safetensors"]["recorded"] == recorded
+    assert listed["model/weights.safetensors"]["remade"] == file_sha256(made / "weights.safetensors") != recorded
+    assert not (folder / PRUNED).exists()
+    assert [p for p in root.iterdir() if p.name.startswith(".remake")] == []
+    # a later run reuses the job as it now is (intact as remade), not redone as damaged
+    remakes = len(calls)
+    assert JobStore(root).run("train", {"a": 1}, seeded_job(calls, seed=2)) == first
+    assert len(calls) == remakes and file_sha256(made / "weights.safetensors") == listed["model/weights.safetensors"]["remade"]
+
+
+def test_an_exact_remake_lists_nothing_even_when_inexact_remakes_are_accepted(pruned_store):
+    root, folder, _, calls = pruned_store
+    store = JobStore(root, inexact_remakes=True)
+    store.run("train", {"a": 1}, seeded_job(calls))
+    store.resolve(f"{folder.name}/model/weights.safetensors")
+    assert not (folder / REMADE).exists() and not (folder / PRUNED).exists()
 
 
 def test_a_pruned_job_this_process_did_not_reuse_cannot_be_remade(pruned_store):

@@ -66,9 +66,13 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device=None,
               help="Hand the written record (params, metrics, artifacts) to this reporter; repeatable, none by "
                    "default. tensorboard (extra [tensorboard]) writes <--out>/reports/tensorboard/<record stem>/; "
                    "`dihal-bench plugins` lists the reporters.")
+@click.option("--accept-inexact-remakes", "inexact_remakes", is_flag=True,
+              help="A pruned store's artifact made again on another machine may differ in its last bits "
+                   "(float rounding): put it back, listed in its job's remade.json, instead of stopping "
+                   "(docs/method.md#pruned-job-stores).")
 @quiet_option
 def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, dry_run, executor, address,
-        workers, gpus, device, dtype, calibrate, report_to, quiet):
+        workers, gpus, device, dtype, calibrate, report_to, inexact_remakes, quiet):
     """Run a whole suite: locate, sweep, DiHAL and every baseline, metrics, run record.
 
     A run prints where it runs and its estimate first (--calibrate: timed on this machine); Ctrl-C
@@ -107,7 +111,7 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
     with sigterm_interrupts():
         path = run_suite(name, config, out_root=Path(out_root), results_dir=Path(results_dir), progress=not quiet,
                          executor=chosen, report=None if quiet else (lambda line: click.echo(line, err=True)),
-                         calibrate=calibrate, report_to=report_to)
+                         calibrate=calibrate, report_to=report_to, inexact_remakes=inexact_remakes)
     click.echo(f"wrote run record {path}")
 
 

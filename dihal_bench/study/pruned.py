@@ -5,23 +5,33 @@ A pruned job's result is reused as it is. Its work is done again aside, in a scr
 what the job kept is not touched, and each file it makes must have the sha256 recorded when the job
 was first done (same seed, same numbers): other weights than the ones the stored samples came from
 would put two models in one row.
+
+That holds on the machine that first did the job. Another machine of the same kind can round a float
+differently (oneDNN and MKL choose their kernels by the CPU's instruction set: hidden states after one
+transformer layer were seen to differ, the embeddings not), so a remake there is refused unless the run
+accepts inexact remakes (``dihal-bench run --accept-inexact-remakes``); each file so accepted is listed in
+the job's ``remade.json`` with both digests and the machine, so the record audits back to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dihal_bench.base.files import file_sha256
+from dihal_bench.base.files import atomic_path, file_sha256
+from dihal_bench.base.provenance import cpu_model
 from dihal_bench.errors import DihalError
 
 #: in a pruned job's folder: the artifacts taken out of it, path (relative to the folder) -> sha256
 PRUNED = "pruned.json"
+#: in a remade job's folder: the files put back although their sha256 differs from the recorded one
+REMADE = "remade.json"
 #: the start of the name of the scratch folder a remake works in, beside the job's folder
 SCRATCH_PREFIX = ".remake-"
 
@@ -50,10 +60,21 @@ def missing_under(folder: Path, inside: Path) -> bool:
     return any(Path(name).is_relative_to(inside) and not (folder / name).exists() for name in pruned_files(folder))
 
 
-def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None:
+def remade_as(folder: Path, name: str, recorded: str) -> str | None:
+    """The sha256 that ``name`` in ``folder`` was accepted with by an inexact remake of the file
+    recorded as ``recorded`` (``remade.json``), else None: such a file is intact as remade."""
+    try:
+        entry = json.loads((folder / REMADE).read_text(encoding="utf-8"))["files"][name]
+        return entry["remade"] if entry["recorded"] == recorded else None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact: bool = False) -> None:
     """Do the job's ``work`` again in a scratch folder under ``scratch_in`` and put back each pruned
     artifact of ``folder`` that is absent, once it matches its recorded sha256 (DihalError naming the
-    first that does not); then the folder is no longer pruned."""
+    first that does not; with ``inexact``, put back anyway and listed in ``remade.json``); then the
+    folder is no longer pruned."""
     global _remade_seconds
     started = time.perf_counter()
     absent = {name: digest for name, digest in pruned_files(folder).items() if not (folder / name).exists()}
@@ -63,17 +84,37 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path) -> None
         for stale in scratch_in.glob(f"{SCRATCH_PREFIX}{folder.name}-*"):
             shutil.rmtree(stale, ignore_errors=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{folder.name}-", dir=scratch_in))
+        inexact_files = {}
         try:
             work(scratch)
             for name, digest in absent.items():
                 made = scratch / name
-                if not made.is_file() or file_sha256(made) != digest:
-                    raise DihalError(f"{folder / name}, made again for a pruned job, does not match the sha256 "
-                                     "recorded when the job was first done: the job is not reproducible here; "
-                                     "delete its folder to redo it and the jobs after it")
+                if not made.is_file():
+                    raise DihalError(f"{folder / name}, pruned, was not made again by its job's work")
+                remade = file_sha256(made)
+                if remade != digest:
+                    if not inexact:
+                        raise DihalError(f"{folder / name}, made again for a pruned job, does not match the sha256 "
+                                         "recorded when the job was first done: the job is not reproducible here "
+                                         "(--accept-inexact-remakes takes it, listed in the job's remade.json; or "
+                                         "delete its folder to redo it and the jobs after it)")
+                    inexact_files[name] = {"recorded": digest, "remade": remade}
+            for name in absent:
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
-                os.replace(made, folder / name)
+                os.replace(scratch / name, folder / name)
+            if inexact_files:
+                _list_inexact(folder, inexact_files)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             _remade_seconds += time.perf_counter() - started
     (folder / PRUNED).unlink(missing_ok=True)
+
+
+def _list_inexact(folder: Path, files: dict[str, dict[str, str]]) -> None:
+    path = folder / REMADE
+    listed = json.loads(path.read_text(encoding="utf-8"))["files"] if path.exists() else {}
+    machine = {"cpu": cpu_model(), "machine": platform.machine()}
+    listed.update({name: {**digests, **machine} for name, digests in files.items()})
+    with atomic_path(path) as temporary:
+        temporary.write_text(json.dumps({"files": listed}, indent=2, sort_keys=True), encoding="utf-8")
+

@@ -43,10 +43,10 @@ class Run:
     a Ray driver loads them on the CPU, a Ray actor on the one GPU Ray gave it."""
 
     def __init__(self, suite: str, config: SuiteConfig, out_root: Path, progress: bool = True,
-                 device: str | None = None):
+                 device: str | None = None, inexact_remakes: bool = False):
         self.suite, self.config, self.progress, self.device = suite, config, progress, device
         self.out_root = Path(out_root)
-        self.store = JobStore(self.out_root / suite / "jobs")
+        self.store = JobStore(self.out_root / suite / "jobs", inexact_remakes=inexact_remakes)
         self._valid_states: dict[int, SplitTensors] = {}
 
     def with_sampling(self, **changes) -> Run:

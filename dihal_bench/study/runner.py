@@ -77,19 +77,20 @@ class RunInterrupted(KeyboardInterrupt):
 def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
               results_dir: Path = Path("runs/results"), progress: bool = True,
               executor: Executor | None = None, report: Callable[[str], None] | None = None,
-              calibrate: bool = False, report_to: tuple[str, ...] = ()) -> Path:
+              calibrate: bool = False, report_to: tuple[str, ...] = (), inexact_remakes: bool = False) -> Path:
     """Run every stage for every seed and write the run record; returns its path. ``executor``
     says where the units of work run (dihal_bench.study.executors; in order in this process by default).
     An "auto" device or dtype is resolved here, once, and the record's config names what ran.
     ``report`` gets the estimate before any work starts, from rates measured on this machine when
     ``calibrate`` (seconds of timed steps; only where the work runs here), else assumed ones. The
-    reporters ``report_to`` names get the written record (dihal_bench.study.reporting)."""
+    reporters ``report_to`` names get the written record (dihal_bench.study.reporting). ``inexact_remakes``:
+    see dihal_bench.study.pruned."""
     executor = executor or LocalExecutor()
     ran_on = environment()  # at the start: the code that runs, not whatever is checked out when it ends
     config = resolved_config(config)
     check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
                 here=executor.computes_here, reporters=report_to)
-    run = Run(suite, config, out_root, progress, device=executor.driver_device)
+    run = Run(suite, config, out_root, progress, device=executor.driver_device, inexact_remakes=inexact_remakes)
     run.check_inputs()
     plans = {seed: seed_units(config, run.backbone.num_layers) for seed in config.seeds}
     throughput = run_throughput(run, calibrate and executor.computes_here)
