@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
@@ -36,6 +36,8 @@ def seeded_job(calls: list, seed: int = 0):
         weights = torch.randn(64, 64, generator=torch.Generator().manual_seed(seed))
         (folder / "model").mkdir(parents=True, exist_ok=True)
         save_file({"w": weights}, str(folder / "model" / "weights.safetensors"))
+        # a small file that describes the large one, as bridge.json holds its weights' sha256
+        (folder / "model" / "about.json").write_text(json.dumps({"w_sum": float(weights.sum())}))
         (folder / "samples.jsonl").write_text(json.dumps({"text": "a b c"}) + "\n")
         return {"mean": float(weights.mean()), "model_dir": "model"}
 
@@ -122,7 +124,10 @@ def test_an_artifact_that_comes_out_different_is_put_back_and_listed_when_inexac
     store.run("train", {"a": 1}, seeded_job(calls, seed=1))  # another machine's rounding, as far as the bits go
     made = store.resolve(f"{folder.name}/model")
     listed = json.loads((folder / REMADE).read_text())["files"]
-    assert list(listed) == ["model/weights.safetensors"]
+    assert sorted(listed) == ["model/about.json", "model/weights.safetensors"]
+    # the job keeps one make's files: the small description replaced with the weights it describes
+    remade_weights = load_file(str(made / "weights.safetensors"))["w"]
+    assert json.loads((made / "about.json").read_text())["w_sum"] == float(remade_weights.sum())
     assert listed["model/weights.safetensors"]["recorded"] == recorded
     assert listed["model/weights.safetensors"]["remade"] == file_sha256(made / "weights.safetensors") != recorded
     assert not (folder / PRUNED).exists()

@@ -99,7 +99,15 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                                          "(--accept-inexact-remakes takes it, listed in the job's remade.json; or "
                                          "delete its folder to redo it and the jobs after it)")
                     inexact_files[name] = {"recorded": digest, "remade": remade}
-            for name in absent:
+            put_back = dict.fromkeys(absent)
+            if inexact_files:
+                # the remade job's files replace the first job's wherever they differ: a small file can
+                # describe a large one (bridge.json holds its weights' sha256), so a job keeps one make's files
+                for name, digest in _recorded_files(folder).items():
+                    if name not in absent and (scratch / name).is_file() and file_sha256(scratch / name) != digest:
+                        inexact_files[name] = {"recorded": digest, "remade": file_sha256(scratch / name)}
+                        put_back[name] = None
+            for name in put_back:
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(scratch / name, folder / name)
             if inexact_files:
@@ -108,6 +116,12 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
             shutil.rmtree(scratch, ignore_errors=True)
             _remade_seconds += time.perf_counter() - started
     (folder / PRUNED).unlink(missing_ok=True)
+
+
+def _recorded_files(folder: Path) -> dict[str, str]:
+    """Each file of a finished job with the sha256 its result.json recorded (jobs.RESULT: jobs imports
+    this module)."""
+    return json.loads((folder / "result.json").read_text(encoding="utf-8"))["sha256"]["files"]
 
 
 def _list_inexact(folder: Path, files: dict[str, dict[str, str]]) -> None:
