@@ -43,7 +43,7 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
-from dihal_bench.study.pruned import PRUNED, missing_under, pruned_files, remade_as, remade_seconds, remake
+from dihal_bench.study.pruned import PRUNED, REMADE, missing_under, pruned_files, remade_as, remade_seconds, remake
 from dihal_bench.training.resumed import resumed_seconds
 
 RESULT = "result.json"
@@ -261,11 +261,11 @@ def _uniform_modes(folder: Path) -> None:
 
 
 def _artifact_hashes(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` but result.json, the job's lock and the temporary
-    files of writes a kill cut short, by path relative to ``folder``."""
+    """sha256 of every file under ``folder`` but result.json, the job's lock, the store's notes on pruning
+    and remaking, and the temporary files of writes a kill cut short, by path relative to ``folder``."""
     return {path.relative_to(folder).as_posix(): file_sha256(path)
             for path in sorted(folder.rglob("*"))
-            if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK, folder / PRUNED)
+            if path.is_file() and path not in (folder / RESULT, folder / JOB_LOCK, folder / PRUNED, folder / REMADE)
             and not is_temporary(path)}
 
 
@@ -289,7 +289,8 @@ def verified_result(folder: Path) -> tuple[dict | None, str | None]:
     pruned = pruned_files(folder)
     for name, digest in files.items():
         path = folder / name
-        if pruned.get(name) == digest and not path.exists():
+        # remade.json changes with each remake; a result written before it was left out of the hashes lists it
+        if name == REMADE or (pruned.get(name) == digest and not path.exists()):
             continue
         try:
             if (actual := file_sha256(path)) != digest and actual != remade_as(folder, name, digest):
