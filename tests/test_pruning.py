@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+from dihal_bench.base.files import file_sha256
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import JobStore
-from dihal_bench.base.files import file_sha256
 from dihal_bench.study.pruned import PRUNED, REMADE, pruned_files, remade_seconds
 from dihal_bench.study.pruning import prune
 

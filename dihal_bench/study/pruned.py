@@ -7,8 +7,8 @@ was first done (same seed, same numbers): other weights than the ones the stored
 would put two models in one row.
 
 That holds on the machine that first did the job. Another machine of the same kind can round a float
-differently (oneDNN and MKL choose their kernels by the CPU's instruction set: hidden states after one
-transformer layer were seen to differ, the embeddings not), so a remake there is refused unless the run
+differently (hidden states after one transformer layer were seen to differ, the embeddings not; likely
+the matmul kernels chosen by the CPU's instruction set), so a remake there is refused unless the run
 accepts inexact remakes (``dihal-bench run --accept-inexact-remakes``); each file so accepted is listed in
 the job's ``remade.json`` with both digests and the machine, so the record audits back to it.
 """
@@ -104,8 +104,10 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                 # the remade job's files replace the first job's wherever they differ: a small file can
                 # describe a large one (bridge.json holds its weights' sha256), so a job keeps one make's files
                 for name, digest in _recorded_files(folder).items():
-                    if name not in absent and (scratch / name).is_file() and file_sha256(scratch / name) != digest:
-                        inexact_files[name] = {"recorded": digest, "remade": file_sha256(scratch / name)}
+                    if name in absent or not (scratch / name).is_file():
+                        continue
+                    if (remade := file_sha256(scratch / name)) != digest:
+                        inexact_files[name] = {"recorded": digest, "remade": remade}
                         put_back[name] = None
             for name in put_back:
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -131,4 +133,3 @@ def _list_inexact(folder: Path, files: dict[str, dict[str, str]]) -> None:
     listed.update({name: {**digests, **machine} for name, digests in files.items()})
     with atomic_path(path) as temporary:
         temporary.write_text(json.dumps({"files": listed}, indent=2, sort_keys=True), encoding="utf-8")
-
