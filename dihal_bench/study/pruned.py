@@ -99,7 +99,7 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                                          "(--accept-inexact-remakes takes it, listed in the job's remade.json; or "
                                          "delete its folder to redo it and the jobs after it)")
                     inexact_files[name] = {"recorded": digest, "remade": remade}
-            put_back = dict.fromkeys(absent)
+            put_back = list(absent)
             if inexact_files:
                 # the remade job's files replace the first job's wherever they differ: a small file can
                 # describe a large one (bridge.json holds its weights' sha256), so a job keeps one make's files
@@ -108,7 +108,7 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                         continue
                     if (remade := file_sha256(scratch / name)) != digest:
                         inexact_files[name] = {"recorded": digest, "remade": remade}
-                        put_back[name] = None
+                        put_back.append(name)
             for name in put_back:
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(scratch / name, folder / name)
