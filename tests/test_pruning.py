@@ -1,6 +1,7 @@
 """A pruned job store: large artifacts out, results reused as they are, and a pruned artifact that a
 later job asks for made again bit for bit (or the run stops with one line, unless it accepts inexact
-remakes: then each one that differs is listed in its job's remade.json)."""
+remakes: then each one that differs is listed in its job's remade.json, with the result's numbers that
+came out otherwise)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dihal_bench.base.files import file_sha256
 from dihal_bench.cli import cli
 from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import JobStore
-from dihal_bench.study.pruned import PRUNED, REMADE, pruned_files, remade_seconds
+from dihal_bench.study.pruned import PRUNED, REMADE, differing_numbers, pruned_files, remade_seconds
 from dihal_bench.study.pruning import prune
 
 #: between the job's small files (spec, notes: < 200 bytes) and its weights (64 x 64 float32: 16 kB)
@@ -130,6 +131,10 @@ def test_an_artifact_that_comes_out_different_is_put_back_and_listed_when_inexac
     assert json.loads((made / "about.json").read_text())["w_sum"] == float(remade_weights.sum())
     assert listed["model/weights.safetensors"]["recorded"] == recorded
     assert listed["model/weights.safetensors"]["remade"] == file_sha256(made / "weights.safetensors") != recorded
+    # how far the remade weights are from the first: each number of the result the remake gave otherwise
+    numbers = json.loads((folder / REMADE).read_text())["result"]
+    assert numbers == {"mean": {"recorded": first["mean"], "remade": float(remade_weights.mean())}}
+    assert numbers["mean"]["recorded"] != numbers["mean"]["remade"]
     assert not (folder / PRUNED).exists()
     assert [p for p in root.iterdir() if p.name.startswith(".remake")] == []
     # a later run reuses the job as it now is (intact as remade), not redone as damaged, and the list is
@@ -206,3 +211,12 @@ def test_a_folder_that_is_no_job_store_is_refused_and_left_as_it_is(tmp_path):
     with pytest.raises(DihalError, match=r"is not a job store \(--out/<suite>/jobs\): ladder is not a job folder$"):
         prune(root, MIN_BYTES)
     assert (root / "ladder" / "jobs" / JobStore(root).folder("train", {"a": 1}).name / "result.json").exists()
+
+
+def test_a_remake_compares_the_numbers_of_a_result_but_not_its_wall_times_flags_or_text():
+    recorded = {"final_loss": 0.5, "steps": 600, "train_seconds": 75.0, "in_budget": True, "checkpoint": "a/b",
+                "parameters": {"denoiser": 10}}
+    remade = {"final_loss": 0.25, "steps": 600, "train_seconds": 80.0, "in_budget": False, "checkpoint": "c/d",
+              "parameters": {"denoiser": 11}}
+    assert differing_numbers(recorded, remade) == {"final_loss": {"recorded": 0.5, "remade": 0.25}}
+    assert differing_numbers(recorded, {}) == {}

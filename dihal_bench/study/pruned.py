@@ -10,7 +10,9 @@ That holds on the machine that first did the job. Another machine of the same ki
 differently (hidden states after one transformer layer were seen to differ, the embeddings not; likely
 the matmul kernels chosen by the CPU's instruction set), so a remake there is refused unless the run
 accepts inexact remakes (``dihal-bench run --accept-inexact-remakes``); each file so accepted is listed in
-the job's ``remade.json`` with both digests and the machine, so the record audits back to it.
+the job's ``remade.json`` with both digests and the machine, so the record audits back to it, and
+beside them each number of the job's result that came out otherwise (a trained row's final loss, a
+bridge's held-out error): how far the remade weights are from the first, which the digests cannot say.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from dihal_bench.errors import DihalError
 PRUNED = "pruned.json"
 #: in a remade job's folder: the files put back although their sha256 differs from the recorded one
 REMADE = "remade.json"
+#: a finished job's record (jobs.RESULT: jobs imports this module)
+RESULT = "result.json"
 #: the start of the name of the scratch folder a remake works in, beside the job's folder
 SCRATCH_PREFIX = ".remake-"
 
@@ -86,7 +90,7 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
         scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{folder.name}-", dir=scratch_in))
         inexact_files = {}
         try:
-            work(scratch)
+            remade_result = work(scratch)
             for name, digest in absent.items():
                 made = scratch / name
                 if not made.is_file():
@@ -101,9 +105,10 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                     inexact_files[name] = {"recorded": digest, "remade": remade}
             put_back = list(absent)
             if inexact_files:
+                recorded = json.loads((folder / RESULT).read_text(encoding="utf-8"))
                 # the remade job's files replace the first job's wherever they differ: a small file can
                 # describe a large one (bridge.json holds its weights' sha256), so a job keeps one make's files
-                for name, digest in _recorded_files(folder).items():
+                for name, digest in recorded["sha256"]["files"].items():
                     if name in absent or not (scratch / name).is_file():
                         continue
                     if (remade := file_sha256(scratch / name)) != digest:
@@ -113,23 +118,27 @@ def remake(folder: Path, work: Callable[[Path], dict], scratch_in: Path, inexact
                 (folder / name).parent.mkdir(parents=True, exist_ok=True)
                 os.replace(scratch / name, folder / name)
             if inexact_files:
-                _list_inexact(folder, inexact_files)
+                _list_inexact(folder, inexact_files, differing_numbers(recorded["result"], remade_result))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             _remade_seconds += time.perf_counter() - started
     (folder / PRUNED).unlink(missing_ok=True)
 
 
-def _recorded_files(folder: Path) -> dict[str, str]:
-    """Each file of a finished job with the sha256 its result.json recorded (jobs.RESULT: jobs imports
-    this module)."""
-    return json.loads((folder / "result.json").read_text(encoding="utf-8"))["sha256"]["files"]
+def differing_numbers(recorded: dict, remade: dict) -> dict[str, dict[str, float]]:
+    """Each number at the top of a job's result that the remake gave otherwise, with both values;
+    wall times (keys ending in ``seconds``) left out, since they differ on every make."""
+    def number(value: object) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return {key: {"recorded": value, "remade": remade[key]} for key, value in recorded.items()
+            if not key.endswith("seconds") and number(value) and number(remade.get(key)) and remade[key] != value}
 
 
-def _list_inexact(folder: Path, files: dict[str, dict[str, str]]) -> None:
+def _list_inexact(folder: Path, files: dict[str, dict[str, str]], result: dict[str, dict[str, float]]) -> None:
     path = folder / REMADE
-    listed = json.loads(path.read_text(encoding="utf-8"))["files"] if path.exists() else {}
+    listed = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     machine = {"cpu": cpu_model(), "machine": platform.machine()}
-    listed.update({name: {**digests, **machine} for name, digests in files.items()})
+    listed.setdefault("files", {}).update({name: {**digests, **machine} for name, digests in files.items()})
+    listed["result"] = result  # the latest remake's: its files are the ones put back
     with atomic_path(path) as temporary:
-        temporary.write_text(json.dumps({"files": listed}, indent=2, sort_keys=True), encoding="utf-8")
+        temporary.write_text(json.dumps(listed, indent=2, sort_keys=True), encoding="utf-8")
