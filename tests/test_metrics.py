@@ -461,6 +461,18 @@ def test_mauve_half_sample_interval_holds_its_point_and_is_seeded():
     assert other != (first["mauve_ci_low"], first["mauve_ci_high"])
 
 
+def test_mauve_leaves_the_process_thread_count_as_it_found_it():
+    # faiss and torch share OpenMP: MAUVE's one k-means thread once stayed set for every later matmul
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(8)
+        builtin.mauve_score(rng.normal(size=(30, 4)), rng.normal(size=(30, 4)), seed=0, bootstrap=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_mauve_without_bootstrap_has_no_interval():
     rng = np.random.default_rng(7)
     result = builtin.mauve_score(rng.normal(size=(30, 4)), rng.normal(size=(30, 4)), seed=0)

@@ -18,10 +18,12 @@ Rank correlations across layers are not per-sample metrics: they live in the cor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
+from contextlib import contextmanager
 
 import numpy as np
+import torch
 from scipy.special import expit, logit
 
 from dihal_bench import hookimpl
@@ -227,9 +229,10 @@ def mauve_score(
     if n < MAUVE_MIN_SAMPLES:
         result["warning"] = _too_few_for_mauve(len(p_features), len(q_features))
         return result
-    out = mauve.compute_mauve(
-        p_features=p_features, q_features=q_features, num_buckets=num_buckets, seed=seed, verbose=False
-    )
+    with _mauve_threads():
+        out = mauve.compute_mauve(
+            p_features=p_features, q_features=q_features, num_buckets=num_buckets, seed=seed, verbose=False
+        )
     result["mauve"] = float(out.mauve)
     if bootstrap > 0:
         result["mauve_ci_low"], result["mauve_ci_high"] = mauve_half_sample_interval(
@@ -278,8 +281,9 @@ def mauve_half_sample_interval(
         q_rows = rng.choice(len(q_features), size=len(q_features) // 2, replace=False)
         # mauve-text passes seed + 2 on to faiss, which takes a 32-bit int
         kmeans_seed = int(rng.integers(0, 2**31 - 3))
-        out = mauve.compute_mauve(p_features=p_features[p_rows], q_features=q_features[q_rows],
-                                  num_buckets=num_buckets, seed=kmeans_seed, verbose=False)
+        with _mauve_threads():
+            out = mauve.compute_mauve(p_features=p_features[p_rows], q_features=q_features[q_rows],
+                                      num_buckets=num_buckets, seed=kmeans_seed, verbose=False)
         values.append(out.mauve)
     logits = _logit(np.asarray(values))
     tail = 100 * (1 - MAUVE_CI_LEVEL) / 2
@@ -295,15 +299,31 @@ def _logit(values: np.ndarray) -> np.ndarray:
 
 def _import_mauve():
     try:
-        import faiss
+        import faiss  # noqa: F401 (mauve-text's k-means; `_mauve_threads` sets its threads)
         import mauve
     except ImportError:
         raise DihalError('MAUVE needs mauve-text: pip install "dihal-bench[mauve]"') from None
-    # k-means over a few hundred points is too small to share out: on a busy 2-core machine faiss's
-    # OpenMP threads spin-wait, and 51 MAUVE calls took 2.3 s with 2 threads against 0.35 s with one;
-    # one thread also gives the same clustering whatever the machine's core count
-    faiss.omp_set_num_threads(1)
     return mauve
+
+
+@contextmanager
+def _mauve_threads() -> Iterator[None]:
+    """One OpenMP thread while MAUVE runs, the process's thread count restored after it.
+
+    k-means over a few hundred points is too small to share out: on a busy 2-core machine faiss's
+    OpenMP threads spin-wait, and 51 MAUVE calls took 2.3 s with 2 threads against 0.35 s with one;
+    one thread also gives the same clustering whatever the machine's core count. But faiss and torch
+    share the OpenMP runtime: left at one, every matmul after the first MAUVE call ran on one thread
+    (the ladder's frontier and latency stages on a 2-core machine, docs/performance.md)."""
+    import faiss
+
+    threads = torch.get_num_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)
+        torch.set_num_threads(threads)
 
 
 def _too_few_for_mauve(n_references: int, n_generations: int) -> str:
