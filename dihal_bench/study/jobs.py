@@ -43,8 +43,8 @@ from dihal_bench.base.files import (
 )
 from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
-from dihal_bench.study.pruned import PRUNED, REMADE, missing_under, pruned_files, remade_as, remade_seconds, remake
-from dihal_bench.training.resumed import resumed_seconds
+from dihal_bench.study.job_clock import carried, job_done, job_reused
+from dihal_bench.study.pruned import PRUNED, REMADE, missing_under, pruned_files, remade_as, remake
 
 RESULT = "result.json"
 LOCK = ".lock"
@@ -56,42 +56,6 @@ JOB_LOCK = ".job.lock"
 #: (a new training or evaluation protocol), so that a store never hands back results of the old code.
 #: 2: the bridge's exact position 0 and start token, compact-vocabulary baselines, honest metrics.
 JOB_FORMAT = 2
-
-#: the seconds of work this process has taken from stores instead of doing it again: what each
-#: reused job took when it was done (a job stored before its time was kept counts 0)
-_reused_seconds = 0.0
-#: (job folder, revision of the code that did it) of every job this process did or took from a
-#: store, in order (None: a job stored before result.json named its revision): what the jobs of a
-#: stage ran on (dihal_bench.study.metering)
-_job_log: list[tuple[str, str | None]] = []
-
-
-def job_mark() -> int:
-    """A mark in this process's job log, for :func:`jobs_since`."""
-    return len(_job_log)
-
-
-def jobs_since(mark: int) -> dict[str, str | None]:
-    """The revision of each job (by folder) this process did or reused since ``mark``."""
-    return dict(_job_log[mark:])
-
-
-def _carried() -> float:
-    """What this process's clock misses of its work so far: the training of every checkpoint it
-    resumed from, less the remakes of pruned artifacts (counted when their jobs were done)."""
-    return resumed_seconds() - remade_seconds()
-
-
-def timed(fn: Callable, *args) -> tuple[object, float, float]:
-    """``fn(*args)``, the compute it stands for and its wall time. The compute is the wall time plus
-    the stored time of every finished job it took from a store, and `_carried` time, so that a
-    resumed run reports what its stages cost, not only what was left of them, and no job twice;
-    the wall time is what this process spent (what a run's ETA extrapolates)."""
-    reused, carried, started = _reused_seconds, _carried(), time.perf_counter()
-    result = fn(*args)
-    wall = time.perf_counter() - started
-    return result, wall + _reused_seconds - reused + _carried() - carried, wall
-
 
 def spec_hash(kind: str, spec: dict) -> str:
     canonical = json.dumps({"kind": kind, "format": JOB_FORMAT, "spec": spec}, sort_keys=True,
@@ -127,9 +91,9 @@ class JobStore:
                 write_json_atomic(folder / "spec.json", {"kind": kind, "spec": spec})
                 revision = process_revision()  # the code that does the job: this process's, read before it starts
                 # an interrupted attempt's training up to its checkpoint counts; remakes of pruned jobs do not
-                carried, started = _carried(), time.perf_counter()
+                carried_before, started = carried(), time.perf_counter()
                 result = work(folder)
-                seconds = time.perf_counter() - started + _carried() - carried
+                seconds = time.perf_counter() - started + carried() - carried_before
                 _uniform_modes(folder)
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                     "revision": revision,
@@ -140,7 +104,7 @@ class JobStore:
             if error is None:
                 raise
             raise error from None
-        _job_log.append((str(folder), revision))
+        job_done(str(folder), revision)
         return result
 
     def vanished(self, exc: FileNotFoundError | DihalError, folder: Path) -> DihalError | None:
@@ -222,15 +186,12 @@ def _reused(folder: Path) -> dict | None:
     """The result of the finished job in ``folder`` when it is intact, its stored seconds added to
     this process's reused time; else None, with a warning and its result.json removed when it is
     damaged."""
-    global _reused_seconds
     done = folder / RESULT
     if not done.exists():
         return None
     stored, problem = verified_result(folder)
     if problem is None:
-        seconds, revision = stored.get("seconds"), stored.get("revision")
-        _reused_seconds += seconds if isinstance(seconds, (int, float)) else 0.0
-        _job_log.append((str(folder), revision if isinstance(revision, str) else None))
+        job_reused(str(folder), stored.get("seconds"), stored.get("revision"))
         return stored["result"]
     warn(f"{problem}; redoing job {folder}")
     done.unlink(missing_ok=True)

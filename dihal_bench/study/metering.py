@@ -35,7 +35,7 @@ from collections import Counter
 import torch
 
 from dihal_bench.study.executors.base import Executor, Item
-from dihal_bench.study.jobs import job_mark, jobs_since
+from dihal_bench.study.job_clock import job_mark, jobs_since
 from dihal_bench.study.pruned import remade_seconds
 
 try:

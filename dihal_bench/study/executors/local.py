@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dihal_bench.study.executors.base import Executor, Item
-from dihal_bench.study.jobs import timed
+from dihal_bench.study.job_clock import timed
 
 
 class LocalExecutor(Executor):

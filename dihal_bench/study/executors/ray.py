@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 from dihal_bench.errors import DihalError
 from dihal_bench.study.estimate import worker_memory
 from dihal_bench.study.executors.base import Executor, Item
-from dihal_bench.study.jobs import LOCK, timed
+from dihal_bench.study.job_clock import timed
+from dihal_bench.study.jobs import LOCK
 from dihal_bench.study.plan import seed_units
 
 #: how often Ray restarts a worker that died, and sends again the item it was doing
