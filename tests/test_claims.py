@@ -23,10 +23,12 @@ from dihal_bench.leaderboard.claims import (
     SUMMARY_END,
     SUMMARY_START,
     YES,
+    Claim,
     claims_of,
     embed,
     evaluate,
     render,
+    render_summary,
 )
 from dihal_bench.leaderboard.read import Group
 
@@ -166,7 +168,8 @@ def test_records_without_per_sample_nlls_are_not_tested_rather_than_given_a_numb
 
 def test_the_readme_embeds_the_claims_generated_from_the_committed_records():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert readme.count(SUMMARY_START) == 1 and readme.count(SUMMARY_END) == 1
+    # the front page summarises the study whose curve it shows; docs/results.md holds the full table
+    assert readme.count("<!-- claims:summary:ladder:start -->") == 1 and readme.count("<!-- claims:summary:ladder:end -->") == 1
     rows = claims_of(ROOT / "results", warn=lambda message: None)
     assert embed(readme, rows) == readme, "README claims are stale: run `dihal-bench claims --readme README.md`"
 
@@ -184,6 +187,17 @@ def test_the_summary_gives_each_claim_where_it_was_measured_and_its_verdict_as_t
         # each row's group is the one its measurement names; the verdict is the full table's
         assert row.measurement.startswith(f"{where}: ") and verdict == f"**{row.verdict}**"
     assert {row.where for row in rows} >= {"smollm2-135m (diagnostic)", "smollm2-135m (rivals)"}
+
+
+def test_a_suite_summary_holds_the_claims_of_that_suite_alone():
+    rows = [Claim("c1", "m", "r", "i", "yes", where="b (ladder)", suite="ladder"),
+            Claim("c2", "m", "r", "i", "no", where="b (diagnostic)", suite="diagnostic"),
+            Claim("c3", "m", "r", "i", "no", where="b (ladder-x)", suite="ladder-x")]
+    text = "a\n<!-- claims:summary:ladder:start -->\nold\n<!-- claims:summary:ladder:end -->\nb\n"
+    assert embed(text, rows) == f"a\n<!-- claims:summary:ladder:start -->\n{render_summary(rows[:1])}\n" \
+                                "<!-- claims:summary:ladder:end -->\nb\n"
+    with pytest.raises(DihalError, match="has no <!-- claims:summary:ladder:end -->"):
+        embed("<!-- claims:summary:ladder:start -->\nold\n", rows)
 
 
 def test_the_claims_command_prints_the_table_and_writes_it_between_the_markers(tmp_path):

@@ -54,7 +54,8 @@ def test_the_readme_is_a_front_door():
 
 def prose(text: str) -> str:
     """``text`` without its generated blocks, fenced code, inline code and link targets: what an author wrote."""
-    text = re.sub(r"<!-- (results:[\w./-]+|claims(?::summary)?):start -->.*?<!-- \1:end -->", "", text, flags=re.S)
+    text = re.sub(r"<!-- (results:[\w./-]+|claims(?::summary(?::[\w.-]+)?)?):start -->.*?<!-- \1:end -->", "", text,
+                  flags=re.S)
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`]*`", "", text)
     return re.sub(r"\]\([^)]*\)", "]", text)

@@ -54,7 +54,7 @@ def test_the_generated_tables_are_the_ones_the_committed_records_give():
     texts = {name: (ROOT / name).read_text(encoding="utf-8") for name in PUBLISHED_TEXTS}
     folders = {block["folder"] for text in texts.values() for block in BLOCK.finditer(text)}
     assert {"diagnostic-smollm2-135m-gemma3-270m", RIVALS} <= folders
-    assert "diagnostic-smollm2-135m-gemma3-270m" in {block["folder"] for block in BLOCK.finditer(texts["README.md"])}
+    assert "ladder-smollm2-135m-gemma3-270m" in {block["folder"] for block in BLOCK.finditer(texts["README.md"])}
     refreshed = embed_texts(texts, read_groups(ROOT / "results", quiet))
     for name, text in texts.items():
         assert refreshed[name] == text, f"{name}: generated tables are stale: run `{PUBLISH_COMMAND}`"

@@ -1,7 +1,8 @@
 """The paper's claims, each measured on the run records and decided by a rule written down before
 the numbers (docs/method.md#claims-and-decision-rules): ``dihal-bench claims``, whose Markdown a text
 embeds between ``<!-- claims:start -->`` and ``<!-- claims:end -->`` (its summary, claim and verdict
-alone, between ``<!-- claims:summary:start -->`` and ``<!-- claims:summary:end -->``).
+alone, between ``<!-- claims:summary:start -->`` and ``<!-- claims:summary:end -->``; the summary of one
+suite's claims alone between ``<!-- claims:summary:SUITE:start -->`` and ``<!-- claims:summary:SUITE:end -->``).
 
 Records are read and pooled as the leaderboard reads them (`read.read_groups`: each (configuration,
 seed) once, from its newest record). Every verdict is one of `VERDICTS` and cites its rule and its
@@ -38,6 +39,8 @@ START_MARKER = "<!-- claims:start -->"
 END_MARKER = "<!-- claims:end -->"
 SUMMARY_START = "<!-- claims:summary:start -->"
 SUMMARY_END = "<!-- claims:summary:end -->"
+#: a summary of the claims measured on one suite's records (a front page that shows one study)
+SUITE_SUMMARY = re.compile(r"<!-- claims:summary:(?P<suite>[\w.-]+):start -->")
 #: the paper's Spearman ρ of S(ℓ) with bridgeability (Llama-3.1-8B; 0.93 on Qwen3-8B): the lower one
 PAPER_RHO = 0.91
 #: every test and interval of the table is at this level (two-sided 95%)
@@ -78,6 +81,8 @@ class Claim:
     verdict: str
     #: the group it was measured on, "backbone (suite)"; empty for a claim no record speaks to
     where: str = ""
+    #: the suite of that group (empty as ``where`` is)
+    suite: str = ""
 
 
 def claims_of(results_dir: Path, warn: Callable[[str], None] = print) -> list[Claim]:
@@ -96,7 +101,7 @@ def evaluate(groups: list[Group]) -> list[Claim]:
     same samples again, so a second row of the paper's claims from it would count one measurement
     twice, not add a replication."""
     def on(group: Group, claim: Claim) -> Claim:
-        return replace(claim, where=name(group))
+        return replace(claim, where=name(group), suite=group.suite)
 
     rows: list[Claim] = []
     for group in groups:
@@ -655,11 +660,21 @@ def p_text(p: float | None) -> str:
 CLAIM_BLOCKS = {START_MARKER: (END_MARKER, render), SUMMARY_START: (SUMMARY_END, render_summary)}
 
 
+def block_filler(start: str) -> tuple[str, Callable[[list[Claim]], str]] | None:
+    """(end marker, what fills the block) for a line that starts a claims block, else None."""
+    if start in CLAIM_BLOCKS:
+        return CLAIM_BLOCKS[start]
+    if (match := SUITE_SUMMARY.fullmatch(start)) is None:
+        return None
+    suite = match["suite"]
+    return (f"<!-- claims:summary:{suite}:end -->",
+            lambda rows: render_summary([row for row in rows if row.suite == suite]))
+
+
 def claim_blocks(text: str) -> list[str]:
     """The start markers of the claims blocks ``text`` holds, each on a line of its own (prose may
     name a marker, in backticks, without holding a block)."""
-    lines = set(text.splitlines())
-    return [start for start in CLAIM_BLOCKS if start in lines]
+    return [line for line in dict.fromkeys(text.splitlines()) if block_filler(line) is not None]
 
 
 def embed(text: str, rows: list[Claim]) -> str:
@@ -668,7 +683,7 @@ def embed(text: str, rows: list[Claim]) -> str:
     if not held:
         raise DihalError(f"the text has no claims block ({START_MARKER} or {SUMMARY_START} on a line of its own)")
     for start in held:
-        end, fill = CLAIM_BLOCKS[start]
+        end, fill = block_filler(start)
         begin = re.search(f"^{re.escape(start)}$", text, re.M).end()
         close = text.find(end, begin)
         if close < 0:
