@@ -183,8 +183,8 @@ class JobStore:
 
 
 def _reused(folder: Path) -> dict | None:
-    """The result of the finished job in ``folder`` when it is intact, its stored seconds added to
-    this process's reused time; else None, with a warning and its result.json removed when it is
+    """The result of the finished job in ``folder`` when it is intact, its stored seconds counted in
+    this process's reused time (once: `job_clock`); else None, with a warning and its result.json removed when it is
     damaged."""
     done = folder / RESULT
     if not done.exists():
