@@ -44,7 +44,10 @@ def test_a_job_result_names_its_revision_and_a_stage_counts_the_revisions_of_its
     monkeypatch.setattr("dihal_bench.study.jobs.process_revision", lambda: "old")
     store.run("kind", {"a": 1}, lambda folder: {"v": 1})
     store.run("kind", {"a": 2}, lambda folder: {"v": 2})
-    assert json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())["revision"] == "old"
+    stored_first = json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())
+    assert stored_first["revision"] == "old"
+    # and the machine, so that a store carried between machines can tell their speeds apart
+    assert stored_first["machine"] == {"cpu": provenance.cpu_model(), "host_sha256": provenance.host_id()}
     # a job stored before results named their revision: the revision is outside the result's sha256
     unnamed = store.folder("kind", {"a": 2}) / "result.json"
     stored = json.loads(unnamed.read_text())

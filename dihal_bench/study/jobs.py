@@ -7,8 +7,8 @@ and started again finds every finished job's result and redoes only the rest; a 
 short mid-training resumes from its own checkpoint.
 
 ``result.json`` also records a sha256 of the result and of every other file in the folder (and,
-outside the check, the seconds the work took and the git revision of the code that did it:
-provenance, not a result).
+outside the check, the seconds the work took, the git revision of the code that did it and the
+machine it ran on, its CPU model and host digest: provenance, not a result).
 A finished job is reused only when all of them still match: a damaged result or artifact
 (a flipped bit, a truncated file, a hand edit) makes the job run again, with a warning, so
 that wrong numbers never flow into later jobs. The job's work finds its folder as it was,
@@ -41,7 +41,7 @@ from dihal_bench.base.files import (
     warn,
     write_json_atomic,
 )
-from dihal_bench.base.provenance import process_revision
+from dihal_bench.base.provenance import cpu_model, host_id, process_revision
 from dihal_bench.errors import DihalError
 from dihal_bench.study.job_clock import carried, job_done, job_reused
 from dihal_bench.study.pruned import PRUNED, REMADE, missing_under, pruned_files, remade_as, remake
@@ -95,8 +95,10 @@ class JobStore:
                 result = work(folder)
                 seconds = time.perf_counter() - started + carried() - carried_before
                 _uniform_modes(folder)
+                # the machine beside the seconds: a store carried between machines mixes their speeds
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                     "revision": revision,
+                                                    "machine": {"cpu": cpu_model(), "host_sha256": host_id()},
                                                     "sha256": {"result": json_sha256(result),
                                                                "files": _artifact_hashes(folder)}})
         except (FileNotFoundError, DihalError) as exc:  # did another process delete the store, or a job in it?
