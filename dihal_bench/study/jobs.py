@@ -44,9 +44,8 @@ from dihal_bench.base.files import (
 from dihal_bench.base.provenance import cpu_model, host_id, process_revision
 from dihal_bench.errors import DihalError
 from dihal_bench.study.job_clock import carried, job_done, job_reused
-from dihal_bench.study.pruned import PRUNED, REMADE, missing_under, pruned_files, remade_as, remake
+from dihal_bench.study.pruned import PRUNED, REMADE, RESULT, missing_under, pruned_files, remade_as, remake
 
-RESULT = "result.json"
 LOCK = ".lock"
 #: in a job's folder: held by the process doing the job, not an artifact
 JOB_LOCK = ".job.lock"
@@ -186,8 +185,8 @@ class JobStore:
 
 def _reused(folder: Path) -> dict | None:
     """The result of the finished job in ``folder`` when it is intact, its stored seconds counted in
-    this process's reused time (once: `job_clock`); else None, with a warning and its result.json removed when it is
-    damaged."""
+    this process's reused time (once: `job_clock`); else None, with a warning and its result.json
+    removed when it is damaged."""
     done = folder / RESULT
     if not done.exists():
         return None

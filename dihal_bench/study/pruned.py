@@ -34,7 +34,7 @@ from dihal_bench.errors import DihalError
 PRUNED = "pruned.json"
 #: in a remade job's folder: the files put back although their sha256 differs from the recorded one
 REMADE = "remade.json"
-#: a finished job's record (jobs.RESULT: jobs imports this module)
+#: a finished job's record, written last (dihal_bench.study.jobs, which imports this module, names it so)
 RESULT = "result.json"
 #: the start of the name of the scratch folder a remake works in, beside the job's folder
 SCRATCH_PREFIX = ".remake-"

@@ -314,7 +314,7 @@ def _mauve_threads() -> Iterator[None]:
     OpenMP threads spin-wait, and 51 MAUVE calls took 2.3 s with 2 threads against 0.35 s with one;
     one thread also gives the same clustering whatever the machine's core count. But faiss and torch
     share the OpenMP runtime: left at one, every matmul after the first MAUVE call ran on one thread
-    (the ladder's frontier and latency stages on a 2-core machine, docs/performance.md)."""
+    (the ladder's frontier and latency stages on a 2-core machine, docs/results.md#the-ladder-budgets-as-an-axis)."""
     import faiss
 
     threads = torch.get_num_threads()
