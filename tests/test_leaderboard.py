@@ -492,6 +492,11 @@ def test_each_records_stages_are_set_against_its_own_estimate_never_pooled(tmp_p
                              "stages": {"sweep": 100.0, "metrics": 100.0}}
         built["compute"] = {"sweep": {"flops": 2e15, "seconds": timings["sweep"],
                                       "flops_per_second": 2e15 / timings["sweep"]}}
+        if name == "a.json":  # 30 s of its sweep are jobs another machine did, taken from the store
+            built["environment"]["host_sha256"] = "aaa"
+            built["provenance"] = {"revisions": [], "stages": {"sweep": {"process": None, "jobs": [], "machines": [
+                {"host_sha256": "aaa", "cpu": "X", "jobs": 2, "seconds": 90.0},
+                {"host_sha256": "bbb", "cpu": "Y", "jobs": 1, "seconds": 30.0}]}}}
         (results / name).write_text(json.dumps(seal_record(built)))
     write_record(results, "c.json", [seed_entry(5, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])  # no estimate
     out = tmp_path / "out"
@@ -502,6 +507,9 @@ def test_each_records_stages_are_set_against_its_own_estimate_never_pooled(tmp_p
                                                             ("b.json", "sweep"), ("b.json", "metrics")]
     assert list(stages["ratio_mean"]) == pytest.approx([1.2, 0.5, 0.7, 0.3])
     assert list(stages["met"]) == ["met", "faster", "faster", "faster"]
+    # the share of a stage's time done on the machine that estimated it; none where the record does not say
+    assert stages.loc[0, "made_here_mean"] == pytest.approx(0.75)
+    assert list(stages["made_here_n"]) == [1, 0, 0, 0]
     assert stages.loc[0, "gflop_per_second_mean"] == pytest.approx(2e15 / 120.0 / 1e9)
     assert stages.loc[1, "pflop_n"] == 0  # a stage whose FLOPs are not counted: no number
     markdown = (out / GROUP / "stages.md").read_text()

@@ -61,12 +61,39 @@ def test_a_job_result_names_its_revision_and_a_stage_counts_the_revisions_of_its
     metered.map("metrics", lambda run, spec: store.run("kind", spec, lambda folder: {"v": 0}),
                 [Item("y", ({"a": 3},))])
     section = metered.sections()["provenance"]
-    assert section["stages"]["sweep"] == {"process": "new", "jobs": [{"revision": "old", "jobs": 1},
-                                                                     {"revision": None, "jobs": 1},
-                                                                     {"revision": "new", "jobs": 1}]}
+    assert section["stages"]["sweep"]["process"] == "new"
+    assert section["stages"]["sweep"]["jobs"] == [{"revision": "old", "jobs": 1}, {"revision": None, "jobs": 1},
+                                                  {"revision": "new", "jobs": 1}]
     assert section["revisions"] == [{"revision": "old", "stages": ["sweep"]},
                                     {"revision": None, "stages": ["sweep"]},
                                     {"revision": "new", "stages": ["sweep", "metrics"]}]
+
+
+def test_a_stage_says_which_machines_did_its_jobs_and_the_seconds_each_added(tmp_path, monkeypatch):
+    store = JobStore(tmp_path)
+    for a in (1, 2):
+        store.run("kind", {"a": a}, lambda folder: {"v": a})
+    # as a store carried from another machine holds them: one made elsewhere, one from before jobs named it
+    for a, seconds, machine in ((1, 7.0, {"cpu": "Other CPU", "host_sha256": "abc"}), (2, 3.0, None)):
+        path = store.folder("kind", {"a": a}) / "result.json"
+        stored = json.loads(path.read_text()) | {"seconds": seconds}  # outside the result's sha256, as machine is
+        stored.pop("machine")
+        path.write_text(json.dumps(stored | ({"machine": machine} if machine else {})))
+    monkeypatch.setattr("dihal_bench.study.job_clock._counted", set())  # a process that resumes the run
+
+    metered = MeteredExecutor(InProcess(), "rev")
+    metered.map("sweep", lambda run, spec: store.run("kind", spec, lambda folder: {"v": 0}),
+                [Item("x", ({"a": a},)) for a in (1, 2, 3, 1)])
+    metered.map("frontier", lambda run, spec: store.run("kind", spec, lambda folder: {"v": 0}),
+                [Item("y", ({"a": 1},))])
+    stages = metered.sections()["provenance"]["stages"]
+    other, unnamed, here = stages["sweep"]["machines"]
+    assert other == {"host_sha256": "abc", "cpu": "Other CPU", "jobs": 1, "seconds": 7.0}  # taken twice, once counted
+    assert unnamed == {"host_sha256": None, "cpu": None, "jobs": 1, "seconds": 3.0}
+    assert (here["host_sha256"], here["cpu"], here["jobs"]) == (provenance.host_id(), provenance.cpu_model(), 1)
+    assert here["seconds"] >= 0
+    # a later stage that takes the job again adds none of its seconds: the sweep counted them
+    assert stages["frontier"]["machines"] == [{"host_sha256": "abc", "cpu": "Other CPU", "jobs": 1, "seconds": 0.0}]
 
 
 class InProcess(Executor):
@@ -112,5 +139,5 @@ def test_work_in_other_processes_is_marked_not_measured():
     sections = metered.sections()
     assert sections["contention"]["sweep"]["where"] == ELSEWHERE
     assert sections["contention"]["sweep"]["cpu_share"] is None
-    assert sections["provenance"]["stages"]["sweep"] == {"process": "rev", "jobs": None}
+    assert sections["provenance"]["stages"]["sweep"] == {"process": "rev", "jobs": None, "machines": None}
     assert sections["provenance"]["revisions"] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from test_leaderboard import record, seed_entry
 
 from dihal_bench.errors import DihalError
-from dihal_bench.study import sample_export
+from dihal_bench.study import sample_export, sample_match
 from dihal_bench.study.jobs import JobStore
 from dihal_bench.study.records import load_record, write_record
 from dihal_bench.study.sample_export import export_beside, export_samples, samples_path
@@ -151,6 +152,47 @@ def test_a_failed_export_leaves_the_record_and_warns_in_one_line(run, capsys, mo
     assert capsys.readouterr().err == ""
 
 
+def redo_samples(store: JobStore, record: dict, method: str, texts: list[str], nll_shift: float = 0.0) -> None:
+    """Do ``method``'s seed-0 samples job of ``record`` again in ``store`` with ``texts`` (a new result.json,
+    as another run's store or a remake holds it) and score them there as a metrics job would: the
+    record's own per-sample NLLs, shifted by ``nll_shift`` relative."""
+    entry = record["per_seed"][0]["methods"][method]
+    folder = store.resolve(entry["samples"]["path"]).parent
+    shutil.rmtree(folder)
+    assert store_samples(store, method, 0, texts)["path"] == entry["samples"]["path"]  # the same job key
+    metrics = entry["metrics"]
+    scored = {"gen_ppl_nll_per_sample": [None if v is None else v * (1 + nll_shift)
+                                         for v in metrics["gen_ppl_nll_per_sample"]],
+              "gen_ppl_tokens_per_sample": metrics["gen_ppl_tokens_per_sample"]}
+    spec = {"samples": folder.name.split("-")[-1], "evaluator": record["evaluator"]}
+    shutil.rmtree(store.folder("metrics", spec), ignore_errors=True)  # scored again with the samples
+    store.run("metrics", spec, lambda _: scored)
+
+
+def test_a_store_whose_samples_were_done_again_serves_only_where_they_match_the_records(run):
+    """The seal holds each samples job's result.json; a store that did a job again (another run's, with
+    the same keys) must show the samples are the record's by the record's own fingerprint of them."""
+    path, _, store = run
+    sealed = load_record(path)
+    texts = [f"{text} s0" if text else text for text in TEXTS["dihal-chosen"]]
+    # the same texts done again, scored within float32 rounding of the record's NLLs: the record's samples
+    redo_samples(store, sealed, "dihal-chosen", texts, nll_shift=3e-7)
+    assert export_samples(path, sealed, store) == samples_path(path)
+    samples_path(path).unlink()
+    # scored a thousandth otherwise: another text for one sample, though the first texts agree
+    redo_samples(store, sealed, "dihal-chosen", texts, nll_shift=1e-3)
+    with pytest.raises(DihalError, match=r"for 1 row\(s\): dihal-chosen \(seed 0\): its samples job samples-\w+ "
+                                         r"was done again since the record, and 2 of 3 samples score otherwise"):
+        export_samples(path, sealed, store)
+    # another first text: refused without reading any scoring
+    redo_samples(store, sealed, "dihal-chosen", ["the dog sat", *texts[1:]])
+    with pytest.raises(DihalError, match="its first texts are not the ones the record keeps"):
+        export_samples(path, sealed, store)
+    assert not samples_path(path).exists()  # nothing half-written
+    # the record as a run holds it in memory, before its seal: its store is the one it names
+    assert export_samples(path, synthetic_record(JobStore(path.parent / "fresh")), store) == samples_path(path)
+
+
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dihal_bench.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -198,3 +240,31 @@ def test_a_run_writes_every_sample_beside_its_record(tiny_suite_file, tmp_path):
         assert [line["nll"] for line in mine] == method["metrics"]["gen_ppl_nll_per_sample"], name
         assert [line["nll_tokens"] for line in mine] == method["metrics"]["gen_ppl_tokens_per_sample"], name
         assert all(line["scale"] == 1 and line["seed"] == 0 and line["token_ids"] for line in mine), name
+
+
+ROOT = Path(__file__).parents[1]
+#: committed records made before runs exported their samples, whose job stores are gone, and which no
+#: store holds the same samples of (`samples export --jobs` refuses them): issue 41's open item
+WITHOUT_SAMPLES = {
+    "diagnostic-smollm2-135m-20261203T092910Z.json": "mdlm and ld4lg-noise-input were sampled otherwise since",
+    "diagnostic-smollm2-135m-20261203T194246Z.json": "store gone",
+    "diagnostic-smollm2-135m-20261203T204823Z.json": "store gone",
+    "diagnostic-smollm2-135m-20261204T122027Z.json": "store gone",
+    "diagnostic-smollm2-135m-20261205T160316Z.json": "store gone",
+    "rivals-smollm2-135m-20261203T162113Z.json": "ar2diff-lora's samples are in no store",
+    "sanity-smollm2-135m-20261203T062305Z.json": "store gone",
+    "sanity-4x-smollm2-135m-20261203T102936Z.json": "store gone",
+}
+
+
+def test_every_committed_record_with_samples_has_them_beside_it_but_the_named_older_ones():
+    records = sorted([*(ROOT / "results").glob("*.json"), *(ROOT / "results" / "superseded").glob("*.json")])
+    for path in records:
+        built = load_record(path)
+        counts = [entry["samples"]["count"] for _, _, entry, _ in sample_match.sample_entries(built)]
+        beside = samples_path(path)
+        if path.name in WITHOUT_SAMPLES:
+            assert counts and not beside.exists(), f"{path.name} has its samples now: take it off the list"
+        elif counts:
+            assert beside.is_file(), f"{path.name} has no samples file beside it"
+            assert sum(1 for _ in beside.open(encoding="utf-8")) == sum(counts), path.name

@@ -525,8 +525,8 @@ FRONTIER_AXES = ("temperature", "diffusion_steps")
 
 
 def stage_values(record: dict, source: str) -> list[dict]:
-    """The record's stages as rows (record, stage, rates, estimated and taken seconds, FLOPs, FLOP/s);
-    none where the record kept no estimate."""
+    """The record's stages as rows (record, stage, rates, estimated and taken seconds, the share of
+    them done on the estimating machine, FLOPs, FLOP/s); none where the record kept no estimate."""
     estimate = record.get("estimate")
     if not isinstance(estimate, dict):
         return []
@@ -537,9 +537,23 @@ def stage_values(record: dict, source: str) -> list[dict]:
         took, counted = timings.get(stage), compute.get(stage) or {}
         rows.append({"record": source, "stage": stage, "rates": rates, "estimated_seconds": _number(estimated),
                      "seconds": _number(took), "ratio": _number(took) / _number(estimated) if estimated else math.nan,
+                     "made_here": made_here(record, stage, _number(took)),
                      "pflop": _number(counted.get("flops")) / 1e15,
                      "gflop_per_second": _number(counted.get("flops_per_second")) / 1e9})
     return rows
+
+
+def made_here(record: dict, stage: str, took: float) -> float:
+    """The share of a stage's time done on the machine that wrote the record, and so made its
+    estimate (`dihal_bench.study.metering`'s ``machines``: the seconds each machine's jobs added);
+    NaN where the record does not say (older records, Ray workers) or the stage took no time."""
+    host = (record.get("environment") or {}).get("host_sha256")
+    stages = (record.get("provenance") or {}).get("stages") or {}
+    machines = (stages.get(stage) or {}).get("machines")
+    if not isinstance(machines, list) or not host or not took > 0:
+        return math.nan
+    elsewhere = sum(_number(line.get("seconds")) for line in machines if line.get("host_sha256") != host)
+    return max(0.0, 1.0 - elsewhere / took)
 
 
 def frontier_values(entry: dict, config: dict, metrics: list[str]) -> list[dict]:

@@ -22,7 +22,9 @@ STAGES_NOTE = (
     "machine (--calibrate) or assumed (Rates column). Took: the stage's compute time, the wall time of the "
     "process that finished the run plus the stored time of every job it took from the store and of every "
     "training checkpoint it resumed from, so a run resumed over several sittings states what its stages "
-    "cost in all. Took ÷ estimated within 1 ± 0.25 is marked met. PFLOP: the FLOPs counted from the "
+    "cost in all. Took ÷ estimated within 1 ± 0.25 is marked met. Made here: the share of Took done on the "
+    "machine that made the estimate (the rest is jobs another machine, or one not named, did: its speed, not "
+    "this one's; — where the record does not say). PFLOP: the FLOPs counted from the "
     "record's shapes (— where a stage's are not counted); GFLOP/s: PFLOP over Took. Records from before "
     "the estimate was kept have no lines."
 )
@@ -40,7 +42,7 @@ def stage_table(group: Group) -> Table | None:
     frame = pd.DataFrame(group.rows["stages"])
     if frame.empty:
         return None
-    keys = ["estimated_seconds", "seconds", "ratio", "pflop", "gflop_per_second"]
+    keys = ["estimated_seconds", "seconds", "ratio", "made_here", "pflop", "gflop_per_second"]
     numbers = frame[["record", "stage"]].copy()
     for key in keys:  # one value per line: its own mean, no spread, n 1 where known
         numbers[f"{key}_mean"], numbers[f"{key}_std"] = frame[key], math.nan
@@ -50,6 +52,7 @@ def stage_table(group: Group) -> Table | None:
     numbers = numbers.assign(rates=labels["rates"], met=labels["met"])
     columns = [Column("stage", "Stage", "text"), Column("estimated_seconds", "Estimated (s)"),
                Column("seconds", "Took (s)"), Column("ratio", "Took ÷ estimated"), Column("met", "Within 25%", "text"),
+               Column("made_here", "Made here"),
                Column("pflop", "PFLOP", main=False), Column("gflop_per_second", "GFLOP/s", main=False),
                Column("rates", "Rates", "text", main=False), Column("record", "Record", "text", main=False)]
     return Table("stages", "Stages against the estimate", STAGES_NOTE, numbers, labels, columns, 1,

@@ -5,13 +5,14 @@ A stage's compute is its wall time plus the stored seconds of every finished job
 of every checkpoint it resumed from, less the remakes of pruned artifacts (counted when their jobs were
 first done). Each job counts once per process: a later stage that takes a job again (the frontier loads
 a row's trained weights through the training job) adds nothing, since that job's time is already the
-stage's that did it or first took it. The log of jobs with the revision of the code that did each is
-what `dihal_bench.study.metering` reads."""
+stage's that did it or first took it. The log of jobs, each with the revision of the code and the
+machine that did it and the seconds it added to the count, is what `dihal_bench.study.metering` reads."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from dihal_bench.study.pruned import remade_seconds
 from dihal_bench.training.resumed import resumed_seconds
@@ -21,24 +22,52 @@ from dihal_bench.training.resumed import resumed_seconds
 _reused_seconds = 0.0
 #: the job folders this process has done or counted as reused: none counts twice
 _counted: set[str] = set()
-#: (job folder, revision of the code that did it) of every job this process did or took from a
-#: store, in order (None: a job stored before result.json named its revision)
-_job_log: list[tuple[str, str | None]] = []
 
 
-def job_done(folder: str, revision: str | None) -> None:
-    """A job this process did: logged, and its time (in its stage's wall time) not counted again."""
+@dataclass(frozen=True)
+class LoggedJob:
+    """One job this process did or took from a store. ``revision``, ``host`` (a host-name digest,
+    `dihal_bench.base.provenance.host_id`) and ``cpu``: the code and the machine that did it, None
+    where its result.json was written before it named them. ``seconds``: what it added to the
+    process's count of compute, 0 for a job already counted."""
+
+    folder: str
+    revision: str | None
+    host: str | None
+    cpu: str | None
+    seconds: float
+
+
+#: every job this process did or took from a store, in order
+_job_log: list[LoggedJob] = []
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _machine(machine: object) -> tuple[str | None, str | None]:
+    """(host digest, CPU model) of a result.json's ``machine``, Nones where it has none."""
+    machine = machine if isinstance(machine, dict) else {}
+    return _text(machine.get("host_sha256")), _text(machine.get("cpu"))
+
+
+def job_done(folder: str, revision: str | None, seconds: float, machine: dict) -> None:
+    """A job this process did on ``machine`` in ``seconds`` (in its stage's wall time): logged, and
+    not counted again."""
     _counted.add(folder)
-    _job_log.append((folder, revision))
+    _job_log.append(LoggedJob(folder, revision, *_machine(machine), seconds))
 
 
-def job_reused(folder: str, seconds: object, revision: object) -> None:
+def job_reused(folder: str, seconds: object, revision: object, machine: object = None) -> None:
     """A finished job taken from a store: logged, its stored seconds counted the first time."""
     global _reused_seconds
+    counted = 0.0
     if folder not in _counted:
         _counted.add(folder)
-        _reused_seconds += seconds if isinstance(seconds, (int, float)) else 0.0
-    _job_log.append((folder, revision if isinstance(revision, str) else None))
+        counted = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        _reused_seconds += counted
+    _job_log.append(LoggedJob(folder, _text(revision), *_machine(machine), counted))
 
 
 def job_mark() -> int:
@@ -46,9 +75,9 @@ def job_mark() -> int:
     return len(_job_log)
 
 
-def jobs_since(mark: int) -> dict[str, str | None]:
-    """The revision of each job (by folder) this process did or reused since ``mark``."""
-    return dict(_job_log[mark:])
+def jobs_since(mark: int) -> list[LoggedJob]:
+    """The jobs this process did or reused since ``mark``, in order (a job taken twice twice)."""
+    return _job_log[mark:]
 
 
 def carried() -> float:

@@ -95,9 +95,9 @@ class JobStore:
                 seconds = time.perf_counter() - started + carried() - carried_before
                 _uniform_modes(folder)
                 # the machine beside the seconds: a store carried between machines mixes their speeds
+                machine = {"cpu": cpu_model(), "host_sha256": host_id()}
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
-                                                    "revision": revision,
-                                                    "machine": {"cpu": cpu_model(), "host_sha256": host_id()},
+                                                    "revision": revision, "machine": machine,
                                                     "sha256": {"result": json_sha256(result),
                                                                "files": _artifact_hashes(folder)}})
         except (FileNotFoundError, DihalError) as exc:  # did another process delete the store, or a job in it?
@@ -105,7 +105,7 @@ class JobStore:
             if error is None:
                 raise
             raise error from None
-        job_done(str(folder), revision)
+        job_done(str(folder), revision, seconds, machine)
         return result
 
     def vanished(self, exc: FileNotFoundError | DihalError, folder: Path) -> DihalError | None:
@@ -192,7 +192,7 @@ def _reused(folder: Path) -> dict | None:
         return None
     stored, problem = verified_result(folder)
     if problem is None:
-        job_reused(str(folder), stored.get("seconds"), stored.get("revision"))
+        job_reused(str(folder), stored.get("seconds"), stored.get("revision"), stored.get("machine"))
         return stored["result"]
     warn(f"{problem}; redoing job {folder}")
     done.unlink(missing_ok=True)

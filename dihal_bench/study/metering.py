@@ -22,8 +22,12 @@ which); the load averages are still this machine's.
 stage's jobs were done with (``jobs``: each revision with how many jobs; a job found in the store
 was done with the revision its result.json names, perhaps by an earlier invocation, and None
 names jobs stored before result.json named one), then ``revisions``, each distinct revision with
-the stages whose jobs it did. Under Ray the jobs run in the workers, so a stage's ``jobs`` is
-None (each job's result.json still names its revision).
+the stages whose jobs it did. Per stage also ``machines``: each machine its jobs were done on
+(``host_sha256``, ``cpu``; None for jobs stored before result.json named the machine) with how many
+jobs and the ``seconds`` they add to the stage's time in ``timings`` (a job counts once per process,
+`dihal_bench.study.job_clock`): so a stage's time says how much of it another machine's speed made.
+Under Ray the jobs run in the workers, so a stage's ``jobs`` and ``machines`` are None (each job's
+result.json still names its revision and machine).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from collections import Counter
 import torch
 
 from dihal_bench.study.executors.base import Executor, Item
-from dihal_bench.study.job_clock import job_mark, jobs_since
+from dihal_bench.study.job_clock import LoggedJob, job_mark, jobs_since
 from dihal_bench.study.pruned import remade_seconds
 
 try:
@@ -74,7 +78,7 @@ class MeteredExecutor(Executor):
         self.here = self.computes_here = executor.computes_here
         self.driver_device = executor.driver_device
         self.contention: dict[str, dict] = {}
-        self.jobs: dict[str, dict[str, str | None] | None] = {}
+        self.jobs: dict[str, list[LoggedJob] | None] = {}
 
     def map(self, stage: str, fn, items: list[Item]) -> list:
         load, mark, remade = load_average(), job_mark(), remade_seconds()
@@ -90,7 +94,7 @@ class MeteredExecutor(Executor):
         share = entry["cpu_s"] / (entry["wall_s"] * threads) if self.here and entry["wall_s"] > 0 else None
         entry["cpu_share"] = share
         if self.here:
-            self.jobs[stage] = {**self.jobs.get(stage, {}), **jobs_since(mark)}
+            self.jobs[stage] = [*(self.jobs.get(stage) or []), *jobs_since(mark)]
         else:
             self.jobs[stage] = None
         return results
@@ -99,11 +103,32 @@ class MeteredExecutor(Executor):
         """The record's ``contention`` and ``provenance`` sections."""
         stages, by_revision = {}, {}
         for stage, jobs in self.jobs.items():
-            counts = None if jobs is None else Counter(jobs.values())
+            counts = None if jobs is None else Counter(revisions_by_job(jobs).values())
             stages[stage] = {"process": self.revision, "jobs": None if counts is None else [
-                {"revision": revision, "jobs": n} for revision, n in counts.items()]}
+                {"revision": revision, "jobs": n} for revision, n in counts.items()],
+                "machines": None if jobs is None else machine_lines(jobs)}
             for revision in counts or ():
                 by_revision.setdefault(revision, []).append(stage)
         # in the order the stages first met them
         revisions = [{"revision": revision, "stages": found} for revision, found in by_revision.items()]
         return {"contention": self.contention, "provenance": {"stages": stages, "revisions": revisions}}
+
+
+def revisions_by_job(jobs: list[LoggedJob]) -> dict[str, str | None]:
+    """Each job folder's revision, in the order the folders first appear."""
+    revisions: dict[str, str | None] = {}
+    for job in jobs:
+        revisions.setdefault(job.folder, job.revision)
+    return revisions
+
+
+def machine_lines(jobs: list[LoggedJob]) -> list[dict]:
+    """Per machine (in the order the jobs first met it): its jobs (each folder once) and the
+    seconds they were counted."""
+    lines: dict[tuple, dict] = {}
+    for job in jobs:
+        line = lines.setdefault((job.host, job.cpu), {"host_sha256": job.host, "cpu": job.cpu, "jobs": set(),
+                                                       "seconds": 0.0})
+        line["jobs"].add(job.folder)
+        line["seconds"] += job.seconds
+    return [{**line, "jobs": len(line["jobs"])} for line in lines.values()]

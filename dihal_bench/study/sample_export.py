@@ -13,7 +13,9 @@ rule, `dihal_bench.api.metrics.invalid_reason`, applied again to the text and co
 records entropy per sample, so there is none to export. The NLLs are the record's own values, not
 computed again.
 
-`dihal-bench run` exports right after writing its record (`export_beside`: a failure there is a
+Samples are exported as a record's only where they are its own: from the store its seal was made
+against, or from another whose samples match the record's fingerprint of them
+(`dihal_bench.study.sample_match`). `dihal-bench run` exports right after writing its record (`export_beside`: a failure there is a
 warning, never a lost record); ``dihal-bench samples export RECORD`` writes the same file later
 from the job store the record names.
 """
@@ -28,6 +30,7 @@ from dihal_bench.base.files import file_sha256, warn, write_text_atomic
 from dihal_bench.errors import DihalError
 from dihal_bench.study.jobs import RESULT, JobStore
 from dihal_bench.study.plan import split_scale
+from dihal_bench.study.sample_match import describe, sample_entries, unmatched_rows
 from dihal_bench.study.samples import read_samples
 
 SUFFIX = ".samples.jsonl"
@@ -53,20 +56,18 @@ def export_samples(record_path: Path, record: dict, store: JobStore, out: Path |
 
 
 def sample_lines(record: dict, store: JobStore) -> list[dict]:
-    """One dict per sample of every seed and method, in the record's order."""
+    """One dict per sample of every seed and method, in the record's order (a frontier point's setting
+    on each of its lines). DihalError where the store's samples of a row are not shown to be the
+    record's (`dihal_bench.study.sample_match`)."""
+    unmatched = unmatched_rows(record, store)
+    if unmatched:
+        raise DihalError(f"the job store {store.root} does not hold this record's samples for {len(unmatched)} "
+                         f"row(s): {'; '.join(unmatched)}")
     lines = []
-    for entry in record["per_seed"]:
-        for name, method in entry["methods"].items():
-            samples = method.get("samples") or {}
-            if not isinstance(samples.get("path"), str):
-                continue  # a row that draws no samples
-            texts, ids = _read(store, samples["path"], samples.get("count"), f"{name} (seed {entry['seed']})")
-            lines += method_lines(name, entry["seed"], method, texts, ids)
-        for point in entry.get("frontier") or []:  # docs/method.md#frontiers: the setting on every line
-            setting = {key: point[key] for key in ("temperature", "diffusion_steps") if key in point}
-            what = f"{point['method']} at {setting} (seed {entry['seed']})"
-            texts, ids = _read(store, point["samples"]["path"], point["samples"].get("count"), what)
-            lines += [line | setting for line in method_lines(point["method"], entry["seed"], point, texts, ids)]
+    for seed, method, entry, setting in sample_entries(record):
+        samples = entry["samples"]
+        texts, ids = _read(store, samples["path"], samples.get("count"), describe(seed, method, setting))
+        lines += [line | setting for line in method_lines(method, seed, entry, texts, ids)]
     return lines
 
 
