@@ -173,10 +173,9 @@ def test_a_second_run_on_a_store_in_use_is_refused_with_the_holders_pid(tiny_sui
 
 
 def test_tiny_suite_end_to_end_writes_a_complete_record(tiny_suite, tmp_path):
-    result = run_cli("run", "--suite", str(tiny_suite), "--out", str(tmp_path / "runs"),
-                     "--results", str(tmp_path / "results"), "--quiet")
+    result = run_cli("run", "--suite", str(tiny_suite), "--out", str(tmp_path / "runs"), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
-    [path] = (tmp_path / "results").glob("tiny-*.json")
+    [path] = (tmp_path / "runs" / "results").glob("tiny-*.json")  # without --results: beside the store
     record = json.loads(path.read_text())
     assert record["format"] == "dihal-bench/run-record/v2" and record["seeds"] == [0]
     seed = record["per_seed"][0]

@@ -41,9 +41,10 @@ def resolved_suite(suite, backbone, corpus, evaluator, seeds, sets, device=None,
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any suite key, e.g. budget.steps=100.")
 @click.option("--out", "out_root", type=click.Path(file_okay=False), default="runs", show_default=True,
               help="Where jobs (checkpoints, samples, partial results) are kept; reused on restart.")
-@click.option("--results", "results_dir", type=click.Path(file_okay=False), default="runs/results", show_default=True,
-              help="Where the run record is written (the committed records in results/ are written only when "
-                   "you name that folder).")
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default=None,
+              show_default="<--out>/results",
+              help="Where the run record is written, beside its job store unless named (the committed records "
+                   "in results/ are written only when you name that folder).")
 @click.option("--dry-run", is_flag=True, help="Print the resolved plan, the jobs and their estimated cost; run nothing.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: every unit in order in this process. ray: the independent units of each stage in "
@@ -105,7 +106,9 @@ def run(suite, backbone, corpus, evaluator, seeds, sets, out_root, results_dir, 
         if gpus is not None:
             click.echo("\n" + format_schedule(name, config, gpus, throughput))
         return
-    check_suite(config, folders={"job store": Path(out_root), "results folder": Path(results_dir)},
+    # beside the store by default: a run moved elsewhere with --out takes its record with it
+    results_dir = Path(out_root) / "results" if results_dir is None else Path(results_dir)
+    check_suite(config, folders={"job store": Path(out_root), "results folder": results_dir},
                 here=chosen.computes_here, reporters=report_to)
     check_store_free(Path(out_root) / name / "jobs")  # the store run_suite locks, before its models load
     with sigterm_interrupts():
