@@ -15,9 +15,9 @@ computed again.
 
 Samples are exported as a record's only where they are its own: from the store its seal was made
 against, or from another whose samples match the record's fingerprint of them
-(`dihal_bench.study.sample_match`). `dihal-bench run` exports right after writing its record (`export_beside`: a failure there is a
-warning, never a lost record); ``dihal-bench samples export RECORD`` writes the same file later
-from the job store the record names.
+(`dihal_bench.study.sample_match`). `dihal-bench run` exports right after writing its record
+(`export_beside`: a failure there is a warning, never a lost record); ``dihal-bench samples export
+RECORD`` writes the same file later from the job store the record names.
 """
 
 from __future__ import annotations
