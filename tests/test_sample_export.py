@@ -53,6 +53,7 @@ def synthetic_record(store: JobStore, seeds=(0, 1)) -> dict:
         for name, method in entry["methods"].items():
             texts = [f"{text} s{seed}" if text else text for text in TEXTS[name]]
             method["samples"] = {**store_samples(store, name, seed, texts), "examples": texts[:5]}
+            method["samples_job"] = Path(method["samples"]["path"]).parts[0].split("-")[-1]  # as the runner keys it
             if name in NLL:
                 nll, tokens = NLL[name]
                 method["metrics"]["gen_ppl_nll_per_sample"] = [None if v is None else v + seed for v in nll]
@@ -164,7 +165,7 @@ def redo_samples(store: JobStore, record: dict, method: str, texts: list[str], n
     scored = {"gen_ppl_nll_per_sample": [None if v is None else v * (1 + nll_shift)
                                          for v in metrics["gen_ppl_nll_per_sample"]],
               "gen_ppl_tokens_per_sample": metrics["gen_ppl_tokens_per_sample"]}
-    spec = {"samples": folder.name.split("-")[-1], "evaluator": record["evaluator"]}
+    spec = {"samples": entry["samples_job"], "evaluator": record["evaluator"]}
     shutil.rmtree(store.folder("metrics", spec), ignore_errors=True)  # scored again with the samples
     store.run("metrics", spec, lambda _: scored)
 

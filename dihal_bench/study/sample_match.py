@@ -26,8 +26,8 @@ import json
 import math
 from pathlib import Path
 
-from dihal_bench.base.files import file_sha256
 from dihal_bench.study.jobs import RESULT, JobStore
+from dihal_bench.study.records import record_integrity
 from dihal_bench.study.samples import read_samples
 
 #: how far the store's summed NLL of a sample may be from the record's (relative) for the same text
@@ -38,19 +38,20 @@ def unmatched_rows(record: dict, store: JobStore) -> list[str]:
     """One sentence for each row (method or frontier point, per seed) whose samples in ``store`` are not
     shown to be the record's (the module's docstring says how); [] where every row's are. A record
     without a seal (written just now, in memory) is taken as it is: its store is the one it names."""
-    sealed = (record.get("integrity") or {}).get("artifacts") or {}
-    if not sealed:
-        return []
+    changed = set(record_integrity(record, Path(store.root)).changed)  # cited results unlike the sealed ones
+    scorings = None
     problems = []
     for seed, method, entry, setting in sample_entries(record):
         job = Path(entry["samples"]["path"]).parts[0]
-        digest = sealed.get(f"{job}/{RESULT}")
-        result = Path(store.root) / job / RESULT
-        if digest is None or not result.is_file() or file_sha256(result) == digest:
+        if f"{job}/{RESULT}" not in changed:
             continue  # the sealed job itself, one the seal does not cover, or none (the export says so)
-        problem = fingerprint_problem(entry, store, job, record.get("evaluator"))
+        if scorings is None:
+            scorings = store_scorings(store)
+        problem = fingerprint_problem(entry, store, scorings.get((entry.get("samples_job"), record.get("evaluator"))),
+                                      record.get("evaluator"))
         if problem is not None:
-            problems.append(f"{describe(seed, method, setting)}: its samples job {job} was done again since the record, and {problem}")
+            problems.append(f"{describe(seed, method, setting)}: its samples job {job} was done again since the "
+                            f"record, and {problem}")
     return problems
 
 
@@ -75,8 +76,11 @@ def describe(seed: int, method: str, setting: dict) -> str:
     return f"{method}{f' at {setting}' if setting else ''} (seed {seed})"
 
 
-def fingerprint_problem(entry: dict, store: JobStore, job: str, evaluator: str | None) -> str | None:
-    """Why the store's samples of ``job`` do not match ``entry``'s fingerprint, or None when they do."""
+def fingerprint_problem(entry: dict, store: JobStore, scored: tuple[list, list] | None,
+                        evaluator: str | None) -> str | None:
+    """Why the store's samples of ``entry`` do not match its fingerprint (``scored``: the store's
+    per-sample NLLs and token counts of them under ``evaluator``, None where it holds none), or None
+    when they do."""
     texts, _ = read_samples(store.resolve(entry["samples"]["path"]))
     examples = entry["samples"].get("examples") or []
     if texts[:len(examples)] != list(examples):
@@ -85,7 +89,6 @@ def fingerprint_problem(entry: dict, store: JobStore, job: str, evaluator: str |
     nll, tokens = metrics.get("gen_ppl_nll_per_sample"), metrics.get("gen_ppl_tokens_per_sample")
     if not (isinstance(nll, list) and isinstance(tokens, list)):
         return "the record keeps no per-sample NLLs to tell its samples by"
-    scored = store_scoring(store, job.split("-")[-1], evaluator)
     if scored is None:
         return f"the store holds no scoring of them under {evaluator} to compare with"
     theirs, their_tokens = scored
@@ -98,21 +101,21 @@ def fingerprint_problem(entry: dict, store: JobStore, job: str, evaluator: str |
     return None
 
 
-def store_scoring(store: JobStore, samples_key: str, evaluator: str | None) -> tuple[list, list] | None:
-    """(per-sample NLLs, token counts) of the store's metrics job over the samples job ``samples_key``
-    under ``evaluator``; None where it holds none."""
+def store_scorings(store: JobStore) -> dict[tuple[str, str], tuple[list, list]]:
+    """(per-sample NLLs, token counts) of each finished metrics job in ``store`` that keeps them, by
+    (the samples job's key, the evaluator): read once for all the rows of a record."""
+    scorings = {}
     for spec_path in sorted(Path(store.root).glob("metrics-*/spec.json")):
         try:
             spec = json.loads(spec_path.read_text(encoding="utf-8"))["spec"]
-            if spec.get("samples") != samples_key or spec.get("evaluator") != evaluator:
-                continue
             result = json.loads((spec_path.parent / RESULT).read_text(encoding="utf-8"))["result"]
-        except (OSError, ValueError, KeyError, TypeError):
+            nll, tokens = result.get("gen_ppl_nll_per_sample"), result.get("gen_ppl_tokens_per_sample")
+            key = (spec["samples"], spec["evaluator"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # an unfinished or unreadable metrics job tells nothing
-        nll, tokens = result.get("gen_ppl_nll_per_sample"), result.get("gen_ppl_tokens_per_sample")
         if isinstance(nll, list) and isinstance(tokens, list):
-            return nll, tokens
-    return None
+            scorings.setdefault(key, (nll, tokens))
+    return scorings
 
 
 def _same_nll(a, b) -> bool:
