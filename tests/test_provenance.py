@@ -141,3 +141,27 @@ def test_work_in_other_processes_is_marked_not_measured():
     assert sections["contention"]["sweep"]["cpu_share"] is None
     assert sections["provenance"]["stages"]["sweep"] == {"process": "rev", "jobs": None, "machines": None}
     assert sections["provenance"]["revisions"] == []
+
+
+def test_a_resumed_run_keeps_its_first_sittings_estimate_and_a_changed_config_makes_its_own(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from dihal_bench.config.suite import resolve_suite
+    from dihal_bench.study.first_estimate import first_estimate, kept_line
+
+    _, config = resolve_suite("smoke")
+    store = JobStore(tmp_path / "jobs")
+    first = {"source": "measured on this machine (cpu, float32)", "stages": {"sweep": 10.0}, "total_seconds": 10.0}
+    kept, made = first_estimate(store, "smoke", config, first)
+    assert made and {k: kept[k] for k in first} == first
+    assert kept["machine"]["host_sha256"] == provenance.host_id() and kept["created"].endswith("+00:00")
+
+    # the next sitting, on another machine, priced the plan at other rates: the first sitting's figure stays
+    monkeypatch.setattr("dihal_bench.study.first_estimate.host_id", lambda: "another")
+    later = {**first, "stages": {"sweep": 30.0}, "total_seconds": 30.0}
+    again, made = first_estimate(store, "smoke", config, later)
+    assert not made and again == kept
+    assert "first sitting: 0 min" in kept_line(again) and "on another machine" in kept_line(again)
+
+    other, made = first_estimate(store, "smoke", replace(config, seeds=(7,)), later)  # other seeds: another run
+    assert made and other["stages"] == {"sweep": 30.0} and other["machine"]["host_sha256"] == "another"

@@ -269,6 +269,8 @@ def test_an_interrupted_run_resumes_without_redoing_jobs_and_gives_the_same_numb
     assert all((jobs / name / "result.json").stat().st_mtime_ns == before[name] for name in finished)
     [b] = (tmp_path / "rb").glob("*.json")
     assert comparable(uninterrupted_record) == comparable(json.loads(b.read_text()))
+    [kept] = jobs.glob("estimate-*/result.json")  # made by the interrupted sitting, before its first job
+    assert json.loads(b.read_text())["estimate"] == json.loads(kept.read_text())["result"]
 
 
 def test_the_record_keeps_the_estimate_the_run_made_before_it_started(uninterrupted_record):

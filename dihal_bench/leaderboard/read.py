@@ -544,10 +544,12 @@ def stage_values(record: dict, source: str) -> list[dict]:
 
 
 def made_here(record: dict, stage: str, took: float) -> float:
-    """The share of a stage's time done on the machine that wrote the record, and so made its
-    estimate (`dihal_bench.study.metering`'s ``machines``: the seconds each machine's jobs added);
-    NaN where the record does not say (older records, Ray workers) or the stage took no time."""
-    host = (record.get("environment") or {}).get("host_sha256")
+    """The share of a stage's time done on the machine that made the record's estimate (its first
+    sitting's, `dihal_bench.study.first_estimate`; the one that wrote the record where the estimate
+    names none) from `dihal_bench.study.metering`'s ``machines``, the seconds each machine's jobs
+    added; NaN where the record does not say (older records, Ray workers) or the stage took no time."""
+    estimating = ((record.get("estimate") or {}).get("machine") or {}).get("host_sha256")
+    host = estimating or (record.get("environment") or {}).get("host_sha256")
     stages = (record.get("provenance") or {}).get("stages") or {}
     machines = (stages.get(stage) or {}).get("machines")
     if not isinstance(machines, list) or not host or not took > 0:

@@ -30,6 +30,7 @@ from dihal_bench.study.calibration import run_throughput
 from dihal_bench.study.compute import stage_compute
 from dihal_bench.study.estimate import estimate_line, stage_estimate, unit_seconds
 from dihal_bench.study.executors import Executor, Item, LocalExecutor
+from dihal_bench.study.first_estimate import first_estimate, kept_line
 from dihal_bench.study.identities import metric_names
 from dihal_bench.study.metering import MeteredExecutor
 from dihal_bench.study.plan import (
@@ -97,9 +98,12 @@ def run_suite(suite: str, config: SuiteConfig, *, out_root: Path = Path("runs"),
     costs = {seed: [unit_seconds(unit, config, None, throughput) for unit in plan] for seed, plan in plans.items()}
     if report is not None:
         report(estimate_line(config, costs, throughput))
+    # a resumed run is checked against what it said before its first sitting, not against this one's
+    estimate, first_sitting = first_estimate(run.store, suite, config, stage_estimate(plans, costs, throughput))
+    if report is not None and not first_sitting:
+        report(kept_line(estimate))
     tracker = Progress(plans, desc=f"{suite} ({len(plans)} seed{'s' if len(plans) > 1 else ''})", enabled=progress,
                        costs=costs)
-    estimate = stage_estimate(plans, costs, throughput)
     try:
         return _run_stages(suite, config, run, executor, tracker, results_dir, {
             "environment": ran_on, "estimate": estimate, "report_to": tuple(report_to)})
