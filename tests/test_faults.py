@@ -115,8 +115,11 @@ def no_temporaries(*folders: Path) -> None:
 
 
 def finished_jobs(store: Path) -> dict[str, int]:
-    """Each finished job's folder name and its result's mtime (unchanged: the job was kept)."""
-    return {path.parent.name: path.stat().st_mtime_ns for path in store.rglob("result.json")}
+    """Each finished job's folder name and its result's mtime (unchanged: the job was kept). Not the
+    kept estimates: a run stores its estimate before any work (study/first_estimate.py), so a run under
+    a changed config that is then refused leaves its own, which is no result of the fault."""
+    return {path.parent.name: path.stat().st_mtime_ns for path in store.rglob("result.json")
+            if not path.parent.name.startswith("estimate-")}
 
 
 # --- file systems -------------------------------------------------------------------------------

@@ -492,11 +492,13 @@ def test_each_records_stages_are_set_against_its_own_estimate_never_pooled(tmp_p
                              "stages": {"sweep": 100.0, "metrics": 100.0}}
         built["compute"] = {"sweep": {"flops": 2e15, "seconds": timings["sweep"],
                                       "flops_per_second": 2e15 / timings["sweep"]}}
-        if name == "a.json":  # 30 s of its sweep are jobs another machine did, taken from the store
+        if name == "a.json":  # 30 s of its sweep are jobs other machines did, taken from the store
             built["environment"]["host_sha256"] = "aaa"
+            built["estimate"]["machine"] = {"host_sha256": "aaa", "cpu": "X", "boot": "1"}
             built["provenance"] = {"revisions": [], "stages": {"sweep": {"process": None, "jobs": [], "machines": [
-                {"host_sha256": "aaa", "cpu": "X", "jobs": 2, "seconds": 90.0},
-                {"host_sha256": "bbb", "cpu": "Y", "jobs": 1, "seconds": 30.0}]}}}
+                {"host_sha256": "aaa", "cpu": "X", "boot": "1", "jobs": 2, "seconds": 90.0},
+                {"host_sha256": "aaa", "cpu": "X", "boot": "2", "jobs": 1, "seconds": 20.0},  # same name, next lease
+                {"host_sha256": "bbb", "cpu": "Y", "boot": "1", "jobs": 1, "seconds": 10.0}]}}}
         (results / name).write_text(json.dumps(seal_record(built)))
     write_record(results, "c.json", [seed_entry(5, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])  # no estimate
     out = tmp_path / "out"

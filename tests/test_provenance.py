@@ -47,7 +47,8 @@ def test_a_job_result_names_its_revision_and_a_stage_counts_the_revisions_of_its
     stored_first = json.loads((store.folder("kind", {"a": 1}) / "result.json").read_text())
     assert stored_first["revision"] == "old"
     # and the machine, so that a store carried between machines can tell their speeds apart
-    assert stored_first["machine"] == {"cpu": provenance.cpu_model(), "host_sha256": provenance.host_id()}
+    assert stored_first["machine"] == {"cpu": provenance.cpu_model(), "host_sha256": provenance.host_id(),
+                                       "boot": provenance.boot_id()}
     # a job stored before results named their revision: the revision is outside the result's sha256
     unnamed = store.folder("kind", {"a": 2}) / "result.json"
     stored = json.loads(unnamed.read_text())
@@ -88,12 +89,14 @@ def test_a_stage_says_which_machines_did_its_jobs_and_the_seconds_each_added(tmp
                 [Item("y", ({"a": 1},))])
     stages = metered.sections()["provenance"]["stages"]
     other, unnamed, here = stages["sweep"]["machines"]
-    assert other == {"host_sha256": "abc", "cpu": "Other CPU", "jobs": 1, "seconds": 7.0}  # taken twice, once counted
-    assert unnamed == {"host_sha256": None, "cpu": None, "jobs": 1, "seconds": 3.0}
-    assert (here["host_sha256"], here["cpu"], here["jobs"]) == (provenance.host_id(), provenance.cpu_model(), 1)
+    assert other == {"host_sha256": "abc", "cpu": "Other CPU", "boot": None, "jobs": 1, "seconds": 7.0}  # once counted
+    assert unnamed == {"host_sha256": None, "cpu": None, "boot": None, "jobs": 1, "seconds": 3.0}
+    assert (here["host_sha256"], here["cpu"], here["boot"], here["jobs"]) == (provenance.host_id(), provenance.cpu_model(),
+                                                                               provenance.boot_id(), 1)
     assert here["seconds"] >= 0
     # a later stage that takes the job again adds none of its seconds: the sweep counted them
-    assert stages["frontier"]["machines"] == [{"host_sha256": "abc", "cpu": "Other CPU", "jobs": 1, "seconds": 0.0}]
+    assert stages["frontier"]["machines"] == [{"host_sha256": "abc", "cpu": "Other CPU", "boot": None, "jobs": 1,
+                                               "seconds": 0.0}]
 
 
 class InProcess(Executor):
@@ -156,12 +159,25 @@ def test_a_resumed_run_keeps_its_first_sittings_estimate_and_a_changed_config_ma
     assert made and {k: kept[k] for k in first} == first
     assert kept["machine"]["host_sha256"] == provenance.host_id() and kept["created"].endswith("+00:00")
 
-    # the next sitting, on another machine, priced the plan at other rates: the first sitting's figure stays
-    monkeypatch.setattr("dihal_bench.study.first_estimate.host_id", lambda: "another")
+    # the next sitting, on another lease of a machine with the same host name, priced the plan at other
+    # rates: the first sitting's figure stays
+    next_lease = {**provenance.machine(), "boot": "another"}
+    monkeypatch.setattr("dihal_bench.study.first_estimate.machine", lambda: next_lease)
     later = {**first, "stages": {"sweep": 30.0}, "total_seconds": 30.0}
     again, made = first_estimate(store, "smoke", config, later)
     assert not made and again == kept
     assert "first sitting: 0 min" in kept_line(again) and "on another machine" in kept_line(again)
 
     other, made = first_estimate(store, "smoke", replace(config, seeds=(7,)), later)  # other seeds: another run
-    assert made and other["stages"] == {"sweep": 30.0} and other["machine"]["host_sha256"] == "another"
+    assert made and other["stages"] == {"sweep": 30.0} and other["machine"] == next_lease
+
+
+def test_two_leases_of_one_host_name_are_two_machines_and_an_unnamed_boot_is_not_a_difference(tmp_path):
+    boot = tmp_path / "boot_id"
+    boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+    assert provenance.boot_id(boot) == "0f1e2d3c4b5a"
+    assert provenance.boot_id(tmp_path / "absent") is None
+    assert provenance.same_machine({"host_sha256": "a", "boot": "1"}, {"host_sha256": "a", "boot": "1"})
+    assert not provenance.same_machine({"host_sha256": "a", "boot": "1"}, {"host_sha256": "a", "boot": "2"})
+    assert provenance.same_machine({"host_sha256": "a"}, {"host_sha256": "a", "boot": "2"})  # kept before boots
+    assert not provenance.same_machine({"host_sha256": "a", "boot": "1"}, {"host_sha256": "b", "boot": "1"})

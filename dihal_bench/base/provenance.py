@@ -80,6 +80,34 @@ def host_id() -> str | None:
     return hashlib.sha256(name.encode("utf-8")).hexdigest()[:HOST_DIGITS] if name else None
 
 
+#: characters of the kernel's boot id a record keeps
+BOOT_DIGITS = 12
+
+
+def boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
+    """The start of the kernel's boot id (random, made anew at each boot; Linux only, else None):
+    a machine lent for one sitting keeps its host name from one lease to the next (issue 36: one
+    name, rates 1.5-2x apart on two leases), so the host name alone cannot say whether two jobs
+    were done on one machine, and its boot can."""
+    try:
+        value = path.read_text(encoding="ascii").strip().replace("-", "")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return value[:BOOT_DIGITS] or None
+
+
+def machine() -> dict:
+    """Which machine does a job: CPU model, host name digest (:func:`host_id`) and boot (:func:`boot_id`)."""
+    return {"cpu": cpu_model(), "host_sha256": host_id(), "boot": boot_id()}
+
+
+def same_machine(one: dict, other: dict) -> bool:
+    """Whether two :func:`machine` entries name one machine: the same host and, where both name
+    their boot (entries from before it was kept do not), the same boot."""
+    boots = one.get("boot"), other.get("boot")
+    return one.get("host_sha256") == other.get("host_sha256") and (None in boots or boots[0] == boots[1])
+
+
 def environment() -> dict:
     """Versions, the revision (:func:`process_revision`) and the hardware: CPU model, core count,
     physical memory, torch's threads, the first CUDA device's name and how many there are, and
@@ -100,4 +128,5 @@ def environment() -> dict:
         "cuda": torch.cuda.get_device_name(0) if cuda else None,
         "cuda_devices": torch.cuda.device_count() if cuda else 0,
         "host_sha256": host_id(),
+        "boot": boot_id(),
     }

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dihal_bench.base.provenance import same_machine
 from dihal_bench.errors import DihalError
 from dihal_bench.locate.series import located_series
 from dihal_bench.study.compute import row_compute
@@ -548,13 +549,12 @@ def made_here(record: dict, stage: str, took: float) -> float:
     sitting's, `dihal_bench.study.first_estimate`; the one that wrote the record where the estimate
     names none) from `dihal_bench.study.metering`'s ``machines``, the seconds each machine's jobs
     added; NaN where the record does not say (older records, Ray workers) or the stage took no time."""
-    estimating = ((record.get("estimate") or {}).get("machine") or {}).get("host_sha256")
-    host = estimating or (record.get("environment") or {}).get("host_sha256")
+    estimating = (record.get("estimate") or {}).get("machine") or record.get("environment") or {}
     stages = (record.get("provenance") or {}).get("stages") or {}
     machines = (stages.get(stage) or {}).get("machines")
-    if not isinstance(machines, list) or not host or not took > 0:
+    if not isinstance(machines, list) or not estimating.get("host_sha256") or not took > 0:
         return math.nan
-    elsewhere = sum(_number(line.get("seconds")) for line in machines if line.get("host_sha256") != host)
+    elsewhere = sum(_number(line.get("seconds")) for line in machines if not same_machine(line, estimating))
     return max(0.0, 1.0 - elsewhere / took)
 
 

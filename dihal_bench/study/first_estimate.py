@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from dihal_bench.base.provenance import cpu_model, host_id
+from dihal_bench.base.provenance import machine, same_machine
 from dihal_bench.config.settings import SuiteConfig
 from dihal_bench.study.jobs import JobStore
 
@@ -27,7 +27,7 @@ def first_estimate(store: JobStore, suite: str, config: SuiteConfig, estimate: d
 
     def kept_here(_folder) -> dict:
         made.append(True)
-        return {**estimate, "machine": {"host_sha256": host_id(), "cpu": cpu_model()},
+        return {**estimate, "machine": machine(),
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     kept = store.run(KIND, {"suite": suite, "config": config.to_dict()}, kept_here)
@@ -36,6 +36,6 @@ def first_estimate(store: JobStore, suite: str, config: SuiteConfig, estimate: d
 
 def kept_line(kept: dict) -> str:
     """What a resumed run says about the estimate its record keeps."""
-    here = (kept.get("machine") or {}).get("host_sha256") == host_id()
+    here = same_machine(kept.get("machine") or {}, machine())
     return (f"the record keeps the estimate of this run's first sitting: {kept['total_seconds'] / 60:.0f} min, "
             f"made {kept['created']} on {'this' if here else 'another'} machine ({kept['source']})")

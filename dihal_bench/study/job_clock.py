@@ -27,14 +27,15 @@ _counted: set[str] = set()
 @dataclass(frozen=True)
 class LoggedJob:
     """One job this process did or took from a store. ``revision``, ``host`` (a host-name digest,
-    `dihal_bench.base.provenance.host_id`) and ``cpu``: the code and the machine that did it, None
-    where its result.json was written before it named them. ``seconds``: what it added to the
+    `dihal_bench.base.provenance.host_id`), ``cpu`` and ``boot`` (`dihal_bench.base.provenance.boot_id`):
+    the code and the machine that did it, None where its result.json was written before it named them. ``seconds``: what it added to the
     process's count of compute, 0 for a job already counted."""
 
     folder: str
     revision: str | None
     host: str | None
     cpu: str | None
+    boot: str | None
     seconds: float
 
 
@@ -46,10 +47,10 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _machine(machine: object) -> tuple[str | None, str | None]:
-    """(host digest, CPU model) of a result.json's ``machine``, Nones where it has none."""
+def _machine(machine: object) -> tuple[str | None, str | None, str | None]:
+    """(host digest, CPU model, boot) of a result.json's ``machine``, Nones where it has none."""
     machine = machine if isinstance(machine, dict) else {}
-    return _text(machine.get("host_sha256")), _text(machine.get("cpu"))
+    return _text(machine.get("host_sha256")), _text(machine.get("cpu")), _text(machine.get("boot"))
 
 
 def job_done(folder: str, revision: str | None, seconds: float, machine: dict) -> None:

@@ -41,7 +41,8 @@ from dihal_bench.base.files import (
     warn,
     write_json_atomic,
 )
-from dihal_bench.base.provenance import cpu_model, host_id, process_revision
+from dihal_bench.base.provenance import machine as this_machine
+from dihal_bench.base.provenance import process_revision
 from dihal_bench.errors import DihalError
 from dihal_bench.study.job_clock import carried, job_done, job_reused
 from dihal_bench.study.pruned import PRUNED, REMADE, RESULT, missing_under, pruned_files, remade_as, remake
@@ -95,7 +96,7 @@ class JobStore:
                 seconds = time.perf_counter() - started + carried() - carried_before
                 _uniform_modes(folder)
                 # the machine beside the seconds: a store carried between machines mixes their speeds
-                machine = {"cpu": cpu_model(), "host_sha256": host_id()}
+                machine = this_machine()
                 write_json_atomic(folder / RESULT, {"kind": kind, "spec": spec, "result": result, "seconds": seconds,
                                                     "revision": revision, "machine": machine,
                                                     "sha256": {"result": json_sha256(result),

@@ -23,7 +23,7 @@ stage's jobs were done with (``jobs``: each revision with how many jobs; a job f
 was done with the revision its result.json names, perhaps by an earlier invocation, and None
 names jobs stored before result.json named one), then ``revisions``, each distinct revision with
 the stages whose jobs it did. Per stage also ``machines``: each machine its jobs were done on
-(``host_sha256``, ``cpu``; None for jobs stored before result.json named the machine) with how many
+(``host_sha256``, ``cpu``, ``boot``; None for jobs stored before result.json named them) with how many
 jobs and the ``seconds`` they add to the stage's time in ``timings`` (a job counts once per process,
 `dihal_bench.study.job_clock`): so a stage's time says how much of it another machine's speed made.
 Under Ray the jobs run in the workers, so a stage's ``jobs`` and ``machines`` are None (each job's
@@ -127,8 +127,8 @@ def machine_lines(jobs: list[LoggedJob]) -> list[dict]:
     seconds they were counted."""
     lines: dict[tuple, dict] = {}
     for job in jobs:
-        line = lines.setdefault((job.host, job.cpu), {"host_sha256": job.host, "cpu": job.cpu, "jobs": set(),
-                                                       "seconds": 0.0})
+        line = lines.setdefault((job.host, job.cpu, job.boot), {"host_sha256": job.host, "cpu": job.cpu,
+                                                                 "boot": job.boot, "jobs": set(), "seconds": 0.0})
         line["jobs"].add(job.folder)
         line["seconds"] += job.seconds
     return [{**line, "jobs": len(line["jobs"])} for line in lines.values()]
