@@ -19,14 +19,14 @@ ESTIMATE_TOLERANCE = 0.25
 STAGES_NOTE = (
     "One line per stage of each run record of the group (not pooled over seeds: each run has its own "
     "estimate). Estimated: the seconds the run printed before its work started (its first sitting's, which a "
-    "resumed run keeps in its store), from rates measured on its machine (--calibrate) or assumed (Rates column). Took: the stage's compute time, the wall time of the "
-    "process that finished the run plus the stored time of every job it took from the store and of every "
-    "training checkpoint it resumed from, so a run resumed over several sittings states what its stages "
-    "cost in all. Took ÷ estimated within 1 ± 0.25 is marked met. Made here: the share of Took done on the "
-    "machine that made the estimate (the rest is jobs another machine, or one not named, did: its speed, not "
-    "this one's; — where the record does not say). PFLOP: the FLOPs counted from the "
-    "record's shapes (— where a stage's are not counted); GFLOP/s: PFLOP over Took. Records from before "
-    "the estimate was kept have no lines."
+    "resumed run keeps in its store), from rates measured on its machine (--calibrate) or assumed (Rates "
+    "column). Took: the stage's compute time, the wall time of the process that finished the run plus the "
+    "stored time of every job it took from the store and of every training checkpoint it resumed from, so a "
+    "run resumed over several sittings states what its stages cost in all. Took ÷ estimated within 1 ± 0.25 "
+    "is marked met. Made here: the share of Took done on the machine that made the estimate (the rest is jobs"
+    " another machine, or one not named, did: its speed, not this one's; — where the record does not say). "
+    "PFLOP: the FLOPs counted from the record's shapes (— where a stage's are not counted); GFLOP/s: PFLOP "
+    "over Took. Records from before the estimate was kept have no lines."
 )
 PER_CELL = "Each cell: one run record's value for one stage (records are not pooled here)."
 

@@ -28,8 +28,8 @@ _counted: set[str] = set()
 class LoggedJob:
     """One job this process did or took from a store. ``revision``, ``host`` (a host-name digest,
     `dihal_bench.base.provenance.host_id`), ``cpu`` and ``boot`` (`dihal_bench.base.provenance.boot_id`):
-    the code and the machine that did it, None where its result.json was written before it named them. ``seconds``: what it added to the
-    process's count of compute, 0 for a job already counted."""
+    the code and the machine that did it, None where its result.json was written before it named them.
+    ``seconds``: what it added to the process's count of compute, 0 for a job already counted."""
 
     folder: str
     revision: str | None
