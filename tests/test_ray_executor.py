@@ -55,8 +55,9 @@ def comparable(record: dict) -> dict:
         return value
     # the stages' FLOPs are counted from shapes (equal); their seconds and FLOP/s are wall clock
     compute = {stage: entry["flops"] for stage, entry in record["compute"].items()}
-    return {**{k: v for k, v in record.items() if k not in (*RECORD_EXCLUDED, "per_seed", "compute")},
-            "compute": compute, "per_seed": strip(record["per_seed"])}
+    estimate = {k: v for k, v in record["estimate"].items() if k != "created"}  # when each run first priced itself
+    return {**{k: v for k, v in record.items() if k not in (*RECORD_EXCLUDED, "per_seed", "compute", "estimate")},
+            "compute": compute, "estimate": estimate, "per_seed": strip(record["per_seed"])}
 
 
 @pytest.fixture(scope="module")
