@@ -248,3 +248,16 @@ def test_the_methods_table_shows_each_rows_compute_counted_from_a_sealed_record(
     assert 20 < train["ar-lora"] / train["dihal-chosen"] < 60
     assert train["reference-human"] == 0 and numbers.loc["ar2diff-lora", "gflop_per_token_mean"] > 10 * numbers.loc[
         "dihal-chosen", "gflop_per_token_mean"]
+
+
+@pytest.mark.skipif(not (RECORDS / "sanity-smollm2-135m-20261207T211945Z.json").exists(), reason="record absent")
+def test_a_record_whose_metrics_read_no_model_counts_no_scoring_flops():
+    """The sanity record's metrics are the chain's counts: its metrics stage ran no evaluator (6 s for
+    21 rows), so it counts zero FLOPs, not a Gen.PPL pass it never made."""
+    from dihal_bench.study.compute import stage_flops
+
+    record = json.loads((RECORDS / "sanity-smollm2-135m-20261207T211945Z.json").read_text())
+    seed = record["per_seed"][0]
+    assert stage_flops(record, seed)["metrics"] == 0.0
+    record["config"]["metrics"]["names"] = [*record["config"]["metrics"]["names"], "gen_ppl"]
+    assert stage_flops(record, seed)["metrics"] > 0

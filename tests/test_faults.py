@@ -41,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 #: the committed record the publish and record cases start from: the smallest group to publish
-PUBLISHED_RECORD = "sanity-smollm2-135m-20261203T062305Z.json"
+PUBLISHED_RECORD = "sanity-smollm2-135m-20261207T211945Z.json"
 #: the tiny suite cut to what a run-level fault needs: training, samples, metrics and the record
 TRIM = {"methods.dihal": '["chosen"]', "methods.controls": "[]", "methods.references": '["unigram"]',
         "methods.baselines": "[]", "bridge.steps_axis": "[]", "metrics.names": '["gen_ppl", "entropy"]'}

@@ -519,6 +519,27 @@ def test_each_records_stages_are_set_against_its_own_estimate_never_pooled(tmp_p
     assert "Stages against the estimate" in (out / "leaderboard.html").read_text()
 
 
+def test_the_method_stages_share_the_made_here_figure_of_the_one_executor_stage_that_ran_them(tmp_path):
+    """The runner hands DiHAL's, the controls', the references' and the baselines' jobs out as one stage
+    (`methods`): each of the four gets that stage's share, its time over all four's."""
+    results = tmp_path / "results"
+    results.mkdir()
+    built = record([seed_entry(0, 10.0, 2, {1: 1.0, 2: 0.5, 3: 0.8}, 0.5)])
+    built["timings"] = {"dihal": 30.0, "baselines": 70.0, "total_seconds": 100.0}
+    built["environment"]["host_sha256"] = "aaa"
+    built["estimate"] = {"source": "measured on this machine (cpu, float32)", "total_seconds": 100.0,
+                         "stages": {"dihal": 30.0, "baselines": 70.0},
+                         "machine": {"host_sha256": "aaa", "cpu": "X", "boot": "1"}}
+    built["provenance"] = {"revisions": [], "stages": {"methods": {"process": None, "jobs": [], "machines": [
+        {"host_sha256": "aaa", "cpu": "X", "boot": "1", "jobs": 3, "seconds": 60.0},
+        {"host_sha256": "bbb", "cpu": "Y", "boot": "1", "jobs": 2, "seconds": 40.0}]}}}
+    (results / "a.json").write_text(json.dumps(seal_record(built)))
+    build(results, tmp_path / "out")
+    stages = pd.read_csv(tmp_path / "out" / GROUP / "stages.csv")
+    assert list(stages["stage"]) == ["dihal", "baselines"]
+    assert list(stages["made_here_mean"]) == pytest.approx([0.6, 0.6])
+
+
 # --- metric columns come from the records' metrics mapping --------------------------------------
 
 

@@ -253,8 +253,6 @@ WITHOUT_SAMPLES = {
     "diagnostic-smollm2-135m-20261204T122027Z.json": "store gone",
     "diagnostic-smollm2-135m-20261205T160316Z.json": "store gone",
     "rivals-smollm2-135m-20261203T162113Z.json": "ar2diff-lora's samples are in no store",
-    "sanity-smollm2-135m-20261203T062305Z.json": "store gone",
-    "sanity-4x-smollm2-135m-20261203T102936Z.json": "store gone",
 }
 
 

@@ -247,3 +247,22 @@ def test_a_parameters_hook_that_returns_no_count_is_refused_in_one_line(inline_p
     inline_plugin(Plugin(), "odd-size-backbone")
     with pytest.raises(DihalError, match=r"backbone 'odd-size' .*parameters returned 1.5, not a positive int"):
         estimate.backbone_parameters("odd-size")
+
+
+def test_metrics_that_read_no_model_are_priced_no_evaluator_pass():
+    """The chain's metrics count transitions and n-grams: the sanity suite's metrics jobs cost no
+    evaluator tokens; the same suite scored with Gen.PPL does."""
+    _, config = resolve_suite("sanity")
+    metrics = [unit for unit in plan.seed_units(config) if unit.stage == "metrics"]
+    assert metrics and all(costs.unit_work(unit, config).evaluator == 0 for unit in metrics)
+    scored = apply_overrides(config, {"metrics.names": '["markov_nll", "gen_ppl"]'})
+    assert all(costs.unit_work(unit, scored).evaluator > 0 for unit in metrics)
+
+
+def test_a_metric_that_does_not_say_whether_it_reads_the_evaluator_counts_as_reading_it():
+    from dihal_bench.registry.plugins import get_registry
+
+    registry = get_registry()
+    assert not registry.reads_evaluator(["entropy", "diversity_pooled", "markov_nll"])
+    assert registry.reads_evaluator(["entropy", "gen_ppl"])
+    assert registry.reads_evaluator(["entropy", "a-metric-no-plugin-registers"])

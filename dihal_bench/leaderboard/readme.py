@@ -41,8 +41,10 @@ PUBLISHED_TEXTS = ("README.md", "docs/results.md")
 PUBLISH_COMMAND = ("dihal-bench leaderboard --results results --out leaderboards "
                    + " ".join(f"--readme {path}" for path in PUBLISHED_TEXTS))
 
-#: the methods table's columns a README table shows, in this order (those a group lacks are left out)
-COLUMNS = ("name", "budget", "degenerate", "gen_ppl", "entropy", "diversity_pooled", "mauve", "mauve_intervals", "latency_ratio")
+#: the methods table's columns a README table shows, in this order (those a group lacks are left out:
+#: a group on the markov corpus has its chain's scores where the others have Gen.PPL and MAUVE)
+COLUMNS = ("name", "budget", "degenerate", "markov_nll", "markov_forbidden", "markov_bigram_tv", "gen_ppl",
+           "entropy", "diversity_pooled", "mauve", "mauve_intervals", "test_nll", "test_nll_kind", "latency_ratio")
 
 BLOCK = re.compile(r"(<!-- results:(?P<name>(?P<folder>[\w.-]+)(?:/(?P<table>\w+))?):start -->\n).*?"
                    r"(<!-- results:(?P=name):end -->)", re.S)

@@ -24,7 +24,8 @@ STAGES_NOTE = (
     "stored time of every job it took from the store and of every training checkpoint it resumed from, so a "
     "run resumed over several sittings states what its stages cost in all. Took ÷ estimated within 1 ± 0.25 "
     "is marked met. Made here: the share of Took done on the machine that made the estimate (the rest is jobs"
-    " another machine, or one not named, did: its speed, not this one's; — where the record does not say). "
+    " another machine, or one not named, did: its speed, not this one's; — where the record does not say; "
+    "DiHAL, controls, references and baselines share one figure, since their jobs run as one stage). "
     "PFLOP: the FLOPs counted from the record's shapes (— where a stage's are not counted); GFLOP/s: PFLOP "
     "over Took. Records from before the estimate was kept have no lines."
 )

@@ -85,7 +85,9 @@ def register_metrics(register):
     ``fn(samples, ctx) -> dict`` scores one method's generations (``dihal_bench.api.metrics``
     holds the contract; the built-in metrics are examples) and returns its value under ``name``.
     ``higher_is_better``: True, False, or None for a metric that has no better direction;
-    ``display_name``: a short column title for leaderboards, such as ``"Gen.PPL"``.
+    ``display_name``: a short column title for leaderboards, such as ``"Gen.PPL"``;
+    ``reads_evaluator``: False for a metric that never runs the evaluator model (entropy, n-gram
+    counts), so that the dry run and the FLOP count price no evaluator pass for it (default True).
     """
 
 

@@ -119,6 +119,9 @@ META_RULES: dict[str, dict[str, MetaRule]] = {
         # in the suites' "default" metric set; honoured for built-in metrics only, so that
         # installing a plugin never changes what a built-in suite measures
         "default": MetaRule(lambda v: isinstance(v, bool), "True or False"),
+        # whether fn runs the evaluator model: a metric that does not say is priced and counted as one
+        # that does, since pricing a pass that is not run costs less than missing one that is
+        "reads_evaluator": MetaRule(lambda v: isinstance(v, bool), "True or False"),
     },
     "suite": {"description": DESCRIPTION},
     # called before a run that names the reporter: raises DihalError when it cannot run here
@@ -302,6 +305,12 @@ class Registry:
         """The built-in metrics registered with ``default=True``, in registration order: what a
         suite's ``metrics.names = ["default"]`` stands for."""
         return [name for name, reg in self.items["metric"].items() if reg.meta.get("default") and _is_builtin(reg)]
+
+    def reads_evaluator(self, metrics) -> bool:
+        """Whether scoring with ``metrics`` (registered names) runs the evaluator model at all; a name
+        not registered here counts as one that does."""
+        found = self.items["metric"]
+        return any(name not in found or found[name].meta.get("reads_evaluator", True) for name in metrics)
 
     def get(self, kind: str, name: str) -> Registration:
         try:

@@ -123,6 +123,8 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
     if unit.stage == "frontier":
         return frontier_work(unit.point, config)
     if unit.stage == "metrics":
+        if not get_registry().reads_evaluator(config.metrics.names):
+            return Work(f"{sampling.samples} samples, counted without a model")
         # the reference texts' pass is done once per seed (a worker keeps it), not once per job
         rows = len(method_names(config))  # one metrics job per row of the methods table
         return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples + math.ceil(samples / rows))

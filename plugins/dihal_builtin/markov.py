@@ -207,6 +207,7 @@ def register_metrics(register):
             "markov_nll_smoothing": DEFAULT_SMOOTHING}),
         higher_is_better=False,
         display_name="Chain NLL",
+        reads_evaluator=False,
         description="nats per transition under the markov corpus's true chain, smoothed by 1e-3 "
                     "(entropy rate H(w) for its own samples); needs the markov corpus",
     )
@@ -215,6 +216,7 @@ def register_metrics(register):
         _exact_metric("markov_forbidden", lambda chain, pairs: chain.forbidden_rate(pairs)),
         higher_is_better=False,
         display_name="Forbidden",
+        reads_evaluator=False,
         description="share of transitions the markov corpus's chain forbids (0 for its own samples, "
                     "1 - K/V for unigram text); needs the markov corpus",
     )
@@ -223,6 +225,7 @@ def register_metrics(register):
         _exact_metric("markov_bigram_tv", lambda chain, pairs: chain.bigram_tv(pairs)),
         higher_is_better=False,
         display_name="Bigram TV",
+        reads_evaluator=False,
         description="total variation between the samples' bigram frequencies and the markov chain's "
                     "stationary bigram law; needs the markov corpus",
     )

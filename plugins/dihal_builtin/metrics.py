@@ -519,6 +519,7 @@ def register_metrics(register):
         higher_is_better=True,
         display_name="Entropy",
         default=True,
+        reads_evaluator=False,
     )
     register(
         "diversity",
@@ -527,6 +528,7 @@ def register_metrics(register):
         higher_is_better=True,
         display_name="Diversity",
         default=True,
+        reads_evaluator=False,
     )
     register(
         "diversity_pooled",
@@ -535,6 +537,7 @@ def register_metrics(register):
         higher_is_better=True,
         display_name="Diversity (pooled)",
         default=True,
+        reads_evaluator=False,
     )
     register(
         "mauve",
@@ -553,4 +556,5 @@ def register_metrics(register):
         higher_is_better=None,
         display_name="copied 8-grams",
         default=False,
+        reads_evaluator=False,
     )
