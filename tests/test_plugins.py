@@ -272,7 +272,8 @@ BROKEN_REGISTRATIONS = {
         "metric 'spread-metric': higher_is_better='yes' is not True, False or None (no better direction)"),
     "unknown key with no close match": (
         "register_metrics", ("spread-metric", spread, {"colour": "red"}),
-        "metric 'spread-metric': unknown meta key 'colour' (allowed: higher_is_better, display_name, description, default)"),
+        "metric 'spread-metric': unknown meta key 'colour' (allowed: higher_is_better, display_name, description, "
+        "default, reads_evaluator)"),
     "baseline factory instead of a class": (
         "register_baselines", ("made", make_baseline, {}),
         "baseline 'made': make_baseline is not a class: a baseline registers its Baseline subclass itself"),
