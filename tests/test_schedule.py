@@ -257,6 +257,12 @@ def test_metrics_that_read_no_model_are_priced_no_evaluator_pass():
     assert metrics and all(costs.unit_work(unit, config).evaluator == 0 for unit in metrics)
     scored = apply_overrides(config, {"metrics.names": '["markov_nll", "gen_ppl"]'})
     assert all(costs.unit_work(unit, scored).evaluator > 0 for unit in metrics)
+    # a frontier point is scored as the metrics stage scores a row
+    tempered = apply_overrides(config, {"frontier.temperatures": "[0.7]"})
+    points = [unit for unit in plan.seed_units(tempered) if unit.stage == "frontier"]
+    assert points and all(costs.unit_work(unit, tempered).evaluator == 0 for unit in points)
+    tempered = apply_overrides(scored, {"frontier.temperatures": "[0.7]"})
+    assert all(costs.unit_work(unit, tempered).evaluator > 0 for unit in points)
 
 
 def test_a_metric_that_does_not_say_whether_it_reads_the_evaluator_counts_as_reading_it():

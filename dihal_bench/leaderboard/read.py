@@ -23,7 +23,7 @@ from dihal_bench.base.provenance import same_machine
 from dihal_bench.errors import DihalError
 from dihal_bench.locate.series import located_series
 from dihal_bench.study.compute import row_compute
-from dihal_bench.study.plan import split_scale
+from dihal_bench.study.plan import METHOD_STAGES, split_scale
 from dihal_bench.study.records import (
     DAMAGED,
     RECORD_FORMAT,
@@ -544,22 +544,18 @@ def stage_values(record: dict, source: str) -> list[dict]:
     return rows
 
 
-#: the timed stages whose jobs the runner hands out as one executor stage, ``methods``: provenance
-#: says which machines did its jobs, not which of these stages each was
-METERED_TOGETHER = ("dihal", "controls", "references", "baselines")
-
-
 def made_here(record: dict, stage: str, took: float) -> float:
     """The share of a stage's time done on the machine that made the record's estimate (its first
     sitting's, `dihal_bench.study.first_estimate`; the one that wrote the record where the estimate
     names none) from `dihal_bench.study.metering`'s ``machines``, the seconds each machine's jobs
     added; NaN where the record does not say (older records, Ray workers) or the stage took no time.
-    A stage of `METERED_TOGETHER` gets the share of the four together."""
+    A stage of `METHOD_STAGES` gets the share of the four together: they are metered as one executor
+    stage, ``methods``, whose provenance says which machines did its jobs, not which stage each was."""
     estimating = (record.get("estimate") or {}).get("machine") or record.get("environment") or {}
     stages = (record.get("provenance") or {}).get("stages") or {}
-    if stage in METERED_TOGETHER and stage not in stages:
+    if stage in METHOD_STAGES and stage not in stages:
         timings = record.get("timings") or {}
-        stage, took = "methods", sum(_number(timings.get(name, 0.0)) for name in METERED_TOGETHER)
+        stage, took = "methods", sum(_number(timings.get(name, 0.0)) for name in METHOD_STAGES)
     machines = (stages.get(stage) or {}).get("machines")
     if not isinstance(machines, list) or not estimating.get("host_sha256") or not took > 0:
         return math.nan

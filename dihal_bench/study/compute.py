@@ -190,11 +190,12 @@ def stage_flops(record: dict, seed_entry: dict) -> dict[str, float | None]:
                                             if stage != "baselines" else 0.0) for name in chosen]
         out[stage] = sum(own) + sum(sampled(rows[name], config) for name in chosen)
     sampling = config["sampling"]
-    # the evaluator's pass over one row's samples
-    scoring = (sampling["samples"] * sampling["seq_len"] * evaluator.forward(sampling["seq_len"])
-               if evaluator is not None else None)
+    # the evaluator's pass over one row's samples; none where every metric counts tokens or n-grams
     if not get_registry().reads_evaluator(config["metrics"]["names"]):
-        scoring = 0.0  # every metric counts tokens or n-grams: no evaluator pass was run
+        scoring = 0.0
+    else:
+        scoring = (sampling["samples"] * sampling["seq_len"] * evaluator.forward(sampling["seq_len"])
+                   if evaluator is not None else None)
     scored = sum(1 for row in seed_entry["methods"].values() if row.get("samples"))
     out["metrics"] = scored * scoring if scoring is not None else None
     out["references"] = 0.0

@@ -123,12 +123,22 @@ def unit_work(unit: Unit, config: SuiteConfig) -> Work:
     if unit.stage == "frontier":
         return frontier_work(unit.point, config)
     if unit.stage == "metrics":
-        if not get_registry().reads_evaluator(config.metrics.names):
+        scored = scored_tokens(config)
+        if not scored:
             return Work(f"{sampling.samples} samples, counted without a model")
         # the reference texts' pass is done once per seed (a worker keeps it), not once per job
         rows = len(method_names(config))  # one metrics job per row of the methods table
-        return Work(f"{sampling.samples} samples under the evaluator", evaluator=samples + math.ceil(samples / rows))
+        return Work(f"{sampling.samples} samples under the evaluator", evaluator=scored + math.ceil(scored / rows))
     return latency_work(config)
+
+
+def scored_tokens(config: SuiteConfig) -> int:
+    """The evaluator tokens of scoring one row's samples with the suite's metrics: none where no metric
+    of the suite runs the evaluator (each says so with ``reads_evaluator``)."""
+    if not get_registry().reads_evaluator(config.metrics.names):
+        return 0
+    return config.sampling.samples * config.sampling.seq_len
+
 
 def frontier_work(point: FrontierPoint, config: SuiteConfig) -> Work:
     """A frontier point: the row's samples drawn again at the point's setting (a baseline's decodes
@@ -138,10 +148,10 @@ def frontier_work(point: FrontierPoint, config: SuiteConfig) -> Work:
     key, value = point.setting
     scored = f"{sampling.samples} samples at {key.replace('_', ' ')} {value:g}, scored"
     if point.kind != "baseline":
-        return Work(scored, decode=samples, evaluator=samples)
+        return Work(scored, decode=samples, evaluator=scored_tokens(config))
     share = value / sampling.diffusion_steps if key == "diffusion_steps" else 1.0
     batches = math.ceil(math.ceil(sampling.samples / sampling.batch_size) * share)
-    return Work(scored, evaluator=samples,
+    return Work(scored, evaluator=scored_tokens(config),
                 baseline_decodes=(BaselineDecodes(point.name, batches, 0, math.ceil(samples * share)),))
 
 

@@ -26,7 +26,7 @@ from dihal_bench.study.costs import (
     unit_cost,
     unit_work,
 )
-from dihal_bench.study.plan import Unit, seed_units
+from dihal_bench.study.plan import METHOD_STAGES, Unit, seed_units
 
 #: sustained FLOP/s assumed per device kind: a bf16 datacentre GPU at ~35% utilisation, and
 #: the 2-core CPU this project is developed on (SmolLM2-135M forward: ~550 tokens/s measured)
@@ -214,7 +214,7 @@ UNPRICED = ("not priced: locate's geometry proxies, so locate takes several time
 
 #: the stages whose jobs are independent of each other, in the order they run (an executor
 #: runs a stage's jobs in parallel and waits for all of them before the next stage)
-PARALLEL_STAGES = (("locate",), ("targets",), ("sweep",), ("dihal", "controls", "references", "baselines"),
+PARALLEL_STAGES = (("locate",), ("targets",), ("sweep",), METHOD_STAGES,
                    ("steps",), ("metrics",), ("frontier",), ("latency",))
 
 def format_schedule(name: str, config: SuiteConfig, devices: int, throughput: Throughput | None = None) -> str:

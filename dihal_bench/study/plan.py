@@ -148,6 +148,10 @@ def scaled_budget(budget: Budget, scale: int) -> Budget:
     return budget if scale == 1 else budget.replace(steps=budget.steps * scale, epochs=budget.epochs * scale)
 
 
+#: the stages `method_stage` names: the runner hands their jobs out as one executor stage, "methods"
+METHOD_STAGES = ("dihal", "controls", "references", "baselines")
+
+
 def method_stage(name: str) -> str:
     name = split_scale(name)[0]
     for prefix, stage in (("dihal-", "dihal"), ("control-", "controls"), ("reference-", "references")):

@@ -29,12 +29,10 @@ from dihal_bench.study.estimate import worker_memory
 from dihal_bench.study.executors.base import Executor, Item
 from dihal_bench.study.job_clock import timed
 from dihal_bench.study.jobs import LOCK
-from dihal_bench.study.plan import seed_units
+from dihal_bench.study.plan import METHOD_STAGES, seed_units
 
 #: how often Ray restarts a worker that died, and sends again the item it was doing
 RESTARTS = 3
-#: the plan's method stages (dihal_bench.study.plan.method_stage) are one executor stage: "methods"
-METHOD_STAGES = ("dihal", "controls", "references", "baselines")
 #: the logger of Ray's notice that a new local instance uses token authentication
 AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
